@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One device call: GPU checks, sanitizers, benchmarks, torch baselines; a short
+# table last. Logs and JSON go under $OUT (the device tool returns them).
+#
+#   bash scripts/device_run.sh [stage ...]     stages: info check sanitize test
+#                                              decode prefill torch graph (default: all)
+# Binaries: $KVA_BIN (default .dist, made here by scripts/stage_device.sh) or a
+# fresh build in build-cuda when .dist is absent.
+set -uo pipefail
+OUT=${OUT:-/tmp/kvattn_out}
+mkdir -p "$OUT"
+BIN=${KVA_BIN:-.dist}
+if [ ! -x "$BIN/kvattn" ]; then
+  echo "== building (no $BIN/kvattn)"
+  cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >"$OUT/build.log" 2>&1 &&
+    cmake --build build-cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  BIN=build-cuda
+fi
+stages=${*:-info check sanitize test decode prefill torch}
+has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
+SUMMARY="$OUT/summary.txt"
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+K="$BIN/kvattn"
+
+if has info; then
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/gpu.txt"
+fi
+
+if has check; then
+  echo "== kvattn check --device cuda"
+  seed=$(date +%s)
+  timeout 300 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed "$seed" >"$OUT/check.log" 2>&1
+  rc=$?
+  grep -v '^ok' "$OUT/check.log" | tail -25
+  note "check cuda (seed $seed): rc=$rc $(tail -1 "$OUT/check.log")"
+fi
+
+if has sanitize; then
+  for tool in memcheck racecheck; do
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 7 --small >"$OUT/san_$tool.log" 2>&1
+    rc=$?
+    tail -4 "$OUT/san_$tool.log"
+    note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_$tool.log" | tail -2 | tr '\n' ' ')"
+  done
+fi
+
+if has test; then
+  for t in "$BIN"/test_cuda_* "$BIN"/test_graph; do
+    [ -x "$t" ] || continue
+    timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1
+    rc=$?
+    tail -3 "$OUT/$(basename "$t").log"
+    note "$(basename "$t"): rc=$rc $(tail -1 "$OUT/$(basename "$t").log")"
+  done
+fi
+
+if has decode; then
+  D="$OUT/bench_decode.jsonl"
+  : >"$D"
+  common="--device cuda --mode decode --heads 32:8 --head-dim 128 --page 16 --dtype bf16 --json"
+  "$K" bench $common --kv-dtype bf16 --batch 64,128,256 --ctx 2048,4096,8192 >>"$D"
+  "$K" bench $common --kv-dtype bf16 --batch 64,128,256 --ctx 2048,4096,8192 --varlen >>"$D"
+  "$K" bench $common --kv-dtype bf16 --batch 1,4 --ctx 32768,65536,131072 >>"$D"
+  "$K" bench $common --kv-dtype fp8 --batch 64,128,256 --ctx 4096 >>"$D"
+  "$K" bench $common --kv-dtype fp8 --batch 1,4 --ctx 131072 >>"$D"
+  "$K" bench --device cuda --mode decode --heads 32:8 --head-dim 128 --page 1 --dtype bf16 --kv-dtype bf16 --batch 64,128 --ctx 4096 --json >>"$D"
+  "$K" bench --device cuda --mode decode --heads 32:32 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --batch 64 --ctx 4096 --json >>"$D"
+  "$K" bench --device cuda --mode decode --heads 32:1 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --batch 128 --ctx 4096 --json >>"$D"
+fi
+
+if has prefill; then
+  P="$OUT/bench_prefill.jsonl"
+  : >"$P"
+  for s in 512 1024 2048 4096 8192 16384; do
+    b=$((16384 / s))
+    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+  done
+  for s in 1024 4096 16384; do
+    b=$((16384 / s))
+    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 0 --json >>"$P"
+    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 64 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 256 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 32:8 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+  done
+fi
+
+if has torch; then
+  timeout 240 python3 bench/torch_baselines.py prefill >"$OUT/torch.jsonl" 2>"$OUT/torch.err"
+  note "torch baselines: rc=$? ($(wc -l <"$OUT/torch.jsonl") rows)"
+fi
+
+if has graph; then
+  for t in "$BIN"/example_*; do
+    [ -x "$t" ] || continue
+    timeout 120 "$t" >"$OUT/$(basename "$t").log" 2>&1
+    note "$(basename "$t"): rc=$? $(tail -1 "$OUT/$(basename "$t").log")"
+  done
+fi
+
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
+python3 scripts/bench_table.py "$OUT" 2>&1 | tee "$OUT/table.txt"

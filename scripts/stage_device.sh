@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Build the CUDA configuration here and stage the binaries the device needs in
+# .dist/ (git-ignored), to be named in the device tool's `carry`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
+cmake --build build-cuda
+rm -rf .dist && mkdir -p .dist
+cp build-cuda/kvattn .dist/
+for f in build-cuda/test_cuda_* build-cuda/test_graph build-cuda/example_*; do [ -x "$f" ] && cp "$f" .dist/; done
+du -sh .dist

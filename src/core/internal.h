@@ -1,0 +1,197 @@
+/* Internal structures shared by src/core, src/cpu and src/cuda. Not installed. */
+#ifndef KVA_INTERNAL_H
+#define KVA_INTERNAL_H
+
+#include "kvattn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors (errors.c) ------------------------------------------------- */
+
+/* Records a printf-style message for kva_last_error() and returns status. */
+kva_status kva_set_error(kva_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+#define KVA_CHECK_NULL(p, fn)                                                              \
+  do {                                                                                     \
+    if ((p) == NULL) return kva_set_error(KVA_ERR_NULL_ARGUMENT, "%s: %s is NULL", fn, #p); \
+  } while (0)
+
+/* ---- backend interface ------------------------------------------------- */
+
+typedef struct kva_backend kva_backend;
+typedef struct kva_plan_device kva_plan_device;
+
+struct kva_context {
+  kva_device device;
+  const kva_backend *backend;
+  void *backend_state;  /* owned by the backend */
+  int num_workers;      /* default split-KV worker count */
+  int default_split_block;
+  void *stream;         /* CUDA stream (cudaStream_t) or NULL */
+};
+
+struct kva_pool {
+  kva_context *ctx;
+  kva_pool_config cfg;
+  size_t token_elems;   /* elements per token per buffer: num_kv_heads * head_dim */
+  size_t layer_bytes;   /* bytes of one layer's K (or V) buffer */
+  void **k;             /* [num_layers] device pointers */
+  void **v;             /* [num_layers] device pointers; NULL entries for MLA */
+  float *k_scale;       /* [num_layers] */
+  float *v_scale;       /* [num_layers] */
+  /* allocator: refcount per page, free pages as a stack */
+  int32_t *refcount;    /* [num_pages]; 0 = free */
+  int32_t *free_stack;  /* [num_pages] */
+  int32_t num_free;
+};
+
+struct kva_req_table {
+  kva_pool *pool;
+  int max_requests;
+  int max_context_len;
+  int max_pages_per_req;  /* ceil(max_context_len / page_size) */
+  int32_t *req_to_token;  /* [max_requests, max_context_len] KV slot per position */
+  int32_t *len;           /* [max_requests]; -1 = slot free */
+  int32_t *free_slots;    /* stack of free slots */
+  int32_t num_free_slots;
+};
+
+/* Plan metadata that kernels read, in one block of int32 so that one copy
+ * uploads it. The scalar header comes first so every kernel (and a CUDA graph)
+ * reads batch-dependent sizes from fixed device addresses. */
+typedef struct kva_plan_header {
+  int32_t num_requests;
+  int32_t total_q;
+  int32_t max_q_len;
+  int32_t max_k_len;
+  int32_t page_table_stride;
+  int32_t num_workers;
+  int32_t num_splits_total;
+  int32_t num_extend;
+} kva_plan_header;
+
+struct kva_plan {
+  kva_req_table *table;
+  kva_pool *pool;
+  kva_context *ctx;
+  kva_plan_config cfg;
+  int max_pages_per_req;
+
+  /* host metadata, sized by capacity at create */
+  kva_plan_header hdr;
+  int num_decode, num_extend;
+  int total_k;
+  int32_t *req_slots;       /* [max_batch] */
+  int32_t *num_new;         /* [max_batch] */
+  int32_t *cu_seqlens_q;    /* [max_batch + 1] */
+  int32_t *cu_seqlens_k;    /* [max_batch + 1] */
+  int32_t *cache_seqlens;   /* [max_batch] */
+  int32_t *page_table;      /* [max_batch * max_pages_per_req], row stride hdr.page_table_stride */
+  int32_t *kv_indptr;       /* [max_batch + 1] */
+  int32_t *kv_indices;      /* [max_batch * max_pages_per_req] */
+  int32_t *kv_last_page_len;/* [max_batch] */
+  int32_t *out_cache_loc;   /* [max_q_tokens] */
+  int32_t *q_req;           /* [max_q_tokens] request of each query token */
+  int32_t *decode_reqs;     /* [max_batch] batch indices of decode requests */
+  int32_t *extend_reqs;     /* [max_batch] batch indices of extend requests */
+
+  /* Split-KV schedule over the decode requests only (extend requests have
+   * zero splits here; backends run them on their own extend path). */
+  kva_split_work *split_schedule; /* [cfg.num_workers] */
+  int32_t *split_indptr;    /* [max_batch + 1] */
+  /* Partial states: row(r, j, t) = split_row_offset[r] + j * num_new[r] + t
+   * for split j of request r and its query token t; each row holds
+   * num_qo_heads x head_dim floats of O and num_qo_heads floats of LSE.
+   * Requests with a single split write O directly and use no rows. */
+  int32_t *split_row_offset;/* [max_batch + 1] */
+  int max_partial_rows;     /* capacity: max_q_tokens + num_workers * KVA_MAX_DECODE_Q */
+  void *partial_o;          /* [max_partial_rows, num_qo_heads, head_dim] f32, device */
+  void *partial_lse;        /* [max_partial_rows, num_qo_heads] f32, device */
+
+  void *backend_plan;       /* backend-owned (device copies, events) */
+  int valid;                /* a batch has been planned */
+
+  /* Set by a kva_graph_state that owns the plan: every run launches the
+   * decode path with capacity-fixed grids whatever the host counts say
+   * (kernels read the real counts from device metadata). */
+  int graph_mode;
+  int capturing;            /* inside begin/end capture: no batch needed yet */
+  /* Non-NULL while a CPU graph capture records this plan's calls. */
+  struct kva_graph_recorder *recorder;
+};
+
+/* graph.c: called by run.c while plan->recorder is set (CPU capture). */
+struct kva_graph_recorder;
+kva_status kva_graph_record_store(struct kva_graph_recorder *rec, kva_pool *pool, int layer,
+                                  const void *k, const void *v, kva_dtype dtype);
+kva_status kva_graph_record_attention(struct kva_graph_recorder *rec, const kva_pool *pool,
+                                      int layer, const kva_attn_params *params, const void *q,
+                                      void *o, float *lse, kva_dtype dtype);
+
+struct kva_backend {
+  const char *name;
+  kva_device device;
+  /* Fill ctx->backend_state, ctx->num_workers, ctx->default_split_block. */
+  kva_status (*init)(kva_context *ctx, const kva_context_config *config);
+  void (*shutdown)(kva_context *ctx);
+  kva_status (*mem_alloc)(kva_context *ctx, size_t bytes, void **out);
+  void (*mem_free)(kva_context *ctx, void *ptr);
+  kva_status (*mem_zero)(kva_context *ctx, void *ptr, size_t bytes);
+  kva_status (*copy_to_device)(kva_context *ctx, void *dst, const void *src, size_t bytes);
+  kva_status (*copy_to_host)(kva_context *ctx, void *dst, const void *src, size_t bytes);
+  kva_status (*synchronize)(kva_context *ctx);
+  kva_status (*set_stream)(kva_context *ctx, void *stream);
+  /* Split-KV workers for a plan when its config says 0 (CPU: threads;
+   * CUDA: enough CTAs over the kv heads to fill every SM). */
+  int (*default_workers)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads);
+
+  /* Plan hooks: create backend-side buffers; publish a freshly planned batch
+   * (CUDA: async upload on the stream); free. */
+  kva_status (*plan_init)(kva_plan *plan);
+  kva_status (*plan_upload)(kva_plan *plan);
+  void (*plan_free)(kva_plan *plan);
+
+  /* Copy tokens (all layers, K and V) from src slots to dst slots; host
+   * arrays of count slot ids. Used by kva_req_fork for a partial page. */
+  kva_status (*copy_slots)(kva_pool *pool, int count, const int32_t *src, const int32_t *dst);
+  kva_status (*store_kv)(kva_plan *plan, kva_pool *pool, int layer, const void *k,
+                         const void *v, kva_dtype dtype);
+  kva_status (*attention)(kva_plan *plan, const kva_pool *pool, int layer,
+                          const kva_attn_params *params, const void *q, void *o, float *lse,
+                          kva_dtype dtype);
+  kva_status (*merge_states)(kva_context *ctx, int num_tokens, int num_heads, int head_dim,
+                             kva_dtype dtype, const void *v_a, const float *s_a,
+                             const void *v_b, const float *s_b, void *v_out, float *s_out);
+
+  /* Graph capture on the context's stream (NULL on backends without graphs:
+   * the core then records calls and replays them itself). */
+  kva_status (*graph_begin)(kva_context *ctx);
+  kva_status (*graph_end)(kva_context *ctx, void **graph);
+  kva_status (*graph_launch)(kva_context *ctx, void *graph);
+  void (*graph_destroy)(kva_context *ctx, void *graph);
+};
+
+extern const kva_backend kva_cpu_backend;
+/* NULL when the library was built without CUDA. */
+const kva_backend *kva_cuda_backend_get(void);
+
+/* ---- planner pieces (planner.c, split_schedule.c) ---------------------- */
+
+/* Balanced split-KV schedule over num_requests requests of kv_len[r] tokens
+ * with q_len[r] query rows each (cost of a block grows with q rows), cut in
+ * blocks of `block` tokens, over num_workers workers. Writes work[num_workers]
+ * and split_indptr[num_requests + 1]; returns total splits. */
+int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q_len, int block,
+                       int num_workers, kva_split_work *work, int32_t *split_indptr);
+/* Requests with kv_len[r] == 0 are skipped: zero splits, no cost. */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVA_INTERNAL_H */

@@ -1,0 +1,345 @@
+/* CPU attention over the paged cache. Decode requests follow the plan's
+ * split-KV schedule (one task per worker, then a combine of split requests);
+ * extend requests are cut into (request, query chunk) tasks. Both run the
+ * same block loop over all query rows of the request: a key block reads whole
+ * tokens (every kv head, contiguous in the page) once, converts them to f32,
+ * and each row uses its kv head's part, so reads stream through pages. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "cpu/cpu_internal.h"
+#include "cpu/cpu_simd.h"
+
+#define KEY_BLOCK 16
+#define EXTEND_Q_CHUNK 16
+
+typedef struct {
+  const kva_plan *plan;
+  const kva_pool *pool;
+  int layer;
+  kva_attn_params params; /* sm_scale resolved */
+  const void *q;
+  void *o;
+  float *lse;
+  kva_dtype dtype;
+  int hq, hkv, group, d, simd;
+  kva_status status; /* first failure of any task (allocation) */
+} job;
+
+/* Query rows of one request: row = (token t, q head h), h fastest. */
+typedef struct {
+  int nrows;
+  float *q;    /* [nrows][d] */
+  int *qpos;   /* absolute position of each row */
+  float *m, *l, *acc;
+  float *kb, *vb, *s; /* [KEY_BLOCK][hkv*d] x2, [nrows][KEY_BLOCK] */
+} rowset;
+
+static int rowset_alloc(rowset *rs, int nrows, int d, int hkv) {
+  size_t floats = (size_t)nrows * d * 2 + (size_t)nrows * 2 + (size_t)KEY_BLOCK * d * hkv * 2 +
+                  (size_t)nrows * KEY_BLOCK;
+  float *f = (float *)malloc(floats * sizeof(float) + (size_t)nrows * sizeof(int));
+  if (!f) return 0;
+  rs->nrows = nrows;
+  rs->q = f;
+  rs->acc = rs->q + (size_t)nrows * d;
+  rs->m = rs->acc + (size_t)nrows * d;
+  rs->l = rs->m + nrows;
+  rs->kb = rs->l + nrows;
+  rs->vb = rs->kb + (size_t)KEY_BLOCK * d * hkv;
+  rs->s = rs->vb + (size_t)KEY_BLOCK * d * hkv;
+  rs->qpos = (int *)(rs->s + (size_t)nrows * KEY_BLOCK);
+  return 1;
+}
+
+/* Load query rows (all heads) for tokens [t0, t0+nt) of request r. */
+static void load_rows(const job *jb, rowset *rs, int r, int t0, int nt) {
+  const kva_plan *p = jb->plan;
+  int cached = p->cache_seqlens[r] - p->num_new[r];
+  size_t esz = kva_dtype_size(jb->dtype);
+  for (int t = 0; t < nt; t++)
+    for (int h = 0; h < jb->hq; h++) {
+      int row = t * jb->hq + h;
+      size_t tok = (size_t)p->cu_seqlens_q[r] + t0 + t;
+      const char *src = (const char *)jb->q + (tok * jb->hq + h) * jb->d * esz;
+      kva_cpu_row_to_f32(jb->simd, src, jb->dtype, jb->d, 1.0f, rs->q + (size_t)row * jb->d);
+      rs->qpos[row] = cached + t0 + t;
+      rs->m[row] = -INFINITY;
+      rs->l[row] = 0.0f;
+      memset(rs->acc + (size_t)row * jb->d, 0, (size_t)jb->d * sizeof(float));
+    }
+  rs->nrows = nt * jb->hq;
+}
+
+static int visible(const kva_attn_params *ap, int key, int qpos) {
+  if (ap->causal && key > qpos) return 0;
+  if (ap->window_left >= 0 && key < qpos - ap->window_left) return 0;
+  return 1;
+}
+
+/* Online softmax of rows over keys [k0, k1) of request r. */
+static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
+  const kva_plan *p = jb->plan;
+  const kva_pool *pool = jb->pool;
+  const kva_attn_params *ap = &jb->params;
+  int d = jb->d, ps = pool->cfg.page_size, n = rs->nrows;
+  const int32_t *pages = p->page_table + (size_t)r * p->hdr.page_table_stride;
+  size_t esz = kva_dtype_size(pool->cfg.kv_dtype), row_elems = pool->token_elems;
+  const char *kbuf = (const char *)pool->k[jb->layer], *vbuf = (const char *)pool->v[jb->layer];
+  int fp8 = pool->cfg.kv_dtype == KVA_FP8_E4M3;
+  float ks = fp8 ? pool->k_scale[jb->layer] : 1.0f, vs = fp8 ? pool->v_scale[jb->layer] : 1.0f;
+  /* keys any row can see: trim the range once */
+  int lo = k1, hi = k0;
+  for (int i = 0; i < n; i++) {
+    int a = ap->window_left >= 0 ? rs->qpos[i] - ap->window_left : 0;
+    int b = ap->causal ? rs->qpos[i] + 1 : k1;
+    if (a < lo) lo = a;
+    if (b > hi) hi = b;
+  }
+  if (lo < k0) lo = k0;
+  if (hi > k1) hi = k1;
+  for (int b0 = lo; b0 < hi; b0 += KEY_BLOCK) {
+    int nb = hi - b0 < KEY_BLOCK ? hi - b0 : KEY_BLOCK;
+    for (int j = 0; j < nb; j++) {
+      int pos = b0 + j;
+      size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
+      kva_cpu_row_to_f32(jb->simd, kbuf + slot * row_elems * esz, pool->cfg.kv_dtype,
+                         (int)row_elems, ks, rs->kb + (size_t)j * row_elems);
+    }
+    int any_v = 0;
+    for (int i = 0; i < n; i++) {
+      float *s = rs->s + (size_t)i * KEY_BLOCK, mx = -INFINITY;
+      const float *qi = rs->q + (size_t)i * d;
+      const float *kh = rs->kb + (size_t)((i % jb->hq) / jb->group) * d;
+      for (int j = 0; j < nb; j++) {
+        if (!visible(ap, b0 + j, rs->qpos[i])) {
+          s[j] = -INFINITY;
+          continue;
+        }
+        float x = kva_cpu_dot(jb->simd, qi, kh + (size_t)j * row_elems, d) * ap->sm_scale;
+        if (ap->logit_softcap > 0.0f) x = ap->logit_softcap * tanhf(x / ap->logit_softcap);
+        s[j] = x;
+        if (x > mx) mx = x;
+      }
+      if (mx == -INFINITY) continue;
+      float mnew = rs->m[i] > mx ? rs->m[i] : mx;
+      float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
+      if (corr != 1.0f) {
+        kva_cpu_scale(jb->simd, rs->acc + (size_t)i * d, corr, d);
+        rs->l[i] *= corr;
+      }
+      rs->m[i] = mnew;
+      for (int j = 0; j < nb; j++) {
+        s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mnew);
+        rs->l[i] += s[j];
+      }
+      any_v = 1;
+    }
+    if (!any_v) continue;
+    for (int j = 0; j < nb; j++) {
+      int pos = b0 + j;
+      size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
+      kva_cpu_row_to_f32(jb->simd, vbuf + slot * row_elems * esz, pool->cfg.kv_dtype,
+                         (int)row_elems, vs, rs->vb + (size_t)j * row_elems);
+    }
+    for (int i = 0; i < n; i++) {
+      if (rs->m[i] == -INFINITY) continue;
+      const float *s = rs->s + (size_t)i * KEY_BLOCK;
+      float *acc = rs->acc + (size_t)i * d;
+      const float *vh = rs->vb + (size_t)((i % jb->hq) / jb->group) * d;
+      /* rows that saw no key in this block hold -inf scores: skip them */
+      for (int j = 0; j < nb; j++)
+        if (s[j] != 0.0f && visible(ap, b0 + j, rs->qpos[i]))
+          kva_cpu_axpy(jb->simd, acc, s[j], vh + (size_t)j * row_elems, d);
+    }
+  }
+}
+
+/* Finished rows: normalized O in f32 (in place in acc) and LSE. */
+static void finish_rows(const job *jb, rowset *rs, float *lse_rows) {
+  for (int i = 0; i < rs->nrows; i++) {
+    float *acc = rs->acc + (size_t)i * jb->d;
+    if (rs->l[i] > 0.0f) {
+      kva_cpu_scale(jb->simd, acc, 1.0f / rs->l[i], jb->d);
+      lse_rows[i] = rs->m[i] + logf(rs->l[i]);
+    } else {
+      memset(acc, 0, (size_t)jb->d * sizeof(float));
+      lse_rows[i] = -INFINITY;
+    }
+  }
+}
+
+/* Write finished rows of (request r, tokens t0..) to O / LSE. */
+static void write_final(const job *jb, rowset *rs, int r, int t0, const float *lse_rows) {
+  size_t esz = kva_dtype_size(jb->dtype);
+  for (int i = 0; i < rs->nrows; i++) {
+    int t = i / jb->hq, h = i % jb->hq;
+    size_t tok = (size_t)jb->plan->cu_seqlens_q[r] + t0 + t;
+    char *dst = (char *)jb->o + (tok * jb->hq + h) * jb->d * esz;
+    const float *acc = rs->acc + (size_t)i * jb->d;
+    for (int e = 0; e < jb->d; e++) kva_store_f32(dst, (size_t)e, jb->dtype, acc[e]);
+    if (jb->lse) jb->lse[tok * jb->hq + h] = lse_rows[i];
+  }
+}
+
+static void decode_task(void *arg, int w, int thread) {
+  (void)thread;
+  job *jb = (job *)arg;
+  const kva_plan *p = jb->plan;
+  const kva_split_work *wk = &p->split_schedule[w];
+  if (wk->begin_req > wk->end_req) return;
+  rowset rs;
+  float *lse_rows = (float *)malloc((size_t)KVA_MAX_DECODE_Q * jb->hq * sizeof(float));
+  if (!lse_rows || !rowset_alloc(&rs, KVA_MAX_DECODE_Q * jb->hq, jb->d, jb->hkv)) {
+    free(lse_rows);
+    jb->status = KVA_ERR_OUT_OF_MEMORY;
+    return;
+  }
+  float *partial_o = (float *)p->partial_o, *partial_lse = (float *)p->partial_lse;
+  for (int r = wk->begin_req; r <= wk->end_req; r++) {
+    int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
+    if (nsplit == 0) continue; /* extend request */
+    int k0 = r == wk->begin_req ? wk->begin_pos : 0;
+    int k1 = r == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
+    int j = r == wk->begin_req ? wk->begin_split : 0;
+    int nt = p->num_new[r];
+    load_rows(jb, &rs, r, 0, nt);
+    attend(jb, &rs, r, k0, k1);
+    finish_rows(jb, &rs, lse_rows);
+    if (nsplit == 1) {
+      write_final(jb, &rs, r, 0, lse_rows);
+      continue;
+    }
+    for (int i = 0; i < rs.nrows; i++) {
+      int t = i / jb->hq, h = i % jb->hq;
+      size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + t;
+      memcpy(partial_o + (row * jb->hq + h) * jb->d, rs.acc + (size_t)i * jb->d,
+             (size_t)jb->d * sizeof(float));
+      partial_lse[row * jb->hq + h] = lse_rows[i];
+    }
+  }
+  free(rs.q);
+  free(lse_rows);
+}
+
+/* Combine: one task per decode request with more than one split. */
+static void combine_task(void *arg, int idx, int thread) {
+  (void)thread;
+  job *jb = (job *)arg;
+  const kva_plan *p = jb->plan;
+  int r = p->decode_reqs[idx];
+  int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
+  if (nsplit <= 1) return;
+  const float *po = (const float *)p->partial_o, *pl = (const float *)p->partial_lse;
+  const float **rows = (const float **)malloc((size_t)nsplit * sizeof(float *));
+  float *lses = (float *)malloc((size_t)nsplit * sizeof(float));
+  if (!rows || !lses) {
+    free(rows);
+    free(lses);
+    jb->status = KVA_ERR_OUT_OF_MEMORY;
+    return;
+  }
+  size_t esz = kva_dtype_size(jb->dtype);
+  int nt = p->num_new[r];
+  for (int t = 0; t < nt; t++)
+    for (int h = 0; h < jb->hq; h++) {
+      for (int j = 0; j < nsplit; j++) {
+        size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + t;
+        rows[j] = po + (row * jb->hq + h) * jb->d;
+        lses[j] = pl[row * jb->hq + h];
+      }
+      size_t tok = (size_t)p->cu_seqlens_q[r] + t;
+      float lse;
+      kva_cpu_merge_rows(nsplit, jb->d, rows, lses, (char *)jb->o + (tok * jb->hq + h) * jb->d * esz,
+                         jb->dtype, &lse);
+      if (jb->lse) jb->lse[tok * jb->hq + h] = lse;
+    }
+  free(rows);
+  free(lses);
+}
+
+/* Extend tasks: (extend request, query chunk), claimed dynamically. */
+typedef struct {
+  job *jb;
+  int *task_req, *task_t0; /* [ntasks / hkv] */
+} extend_job;
+
+static void extend_task(void *arg, int idx, int thread) {
+  (void)thread;
+  extend_job *ej = (extend_job *)arg;
+  job *jb = ej->jb;
+  int r = ej->task_req[idx], t0 = ej->task_t0[idx];
+  int nt = jb->plan->num_new[r] - t0;
+  if (nt > EXTEND_Q_CHUNK) nt = EXTEND_Q_CHUNK;
+  rowset rs;
+  float *lse_rows = (float *)malloc((size_t)EXTEND_Q_CHUNK * jb->hq * sizeof(float));
+  if (!lse_rows || !rowset_alloc(&rs, EXTEND_Q_CHUNK * jb->hq, jb->d, jb->hkv)) {
+    free(lse_rows);
+    jb->status = KVA_ERR_OUT_OF_MEMORY;
+    return;
+  }
+  load_rows(jb, &rs, r, t0, nt);
+  attend(jb, &rs, r, 0, jb->plan->cache_seqlens[r]);
+  finish_rows(jb, &rs, lse_rows);
+  write_final(jb, &rs, r, t0, lse_rows);
+  free(rs.q);
+  free(lse_rows);
+}
+
+kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                             const kva_attn_params *params, const void *q, void *o, float *lse,
+                             kva_dtype dtype) {
+  kva_cpu_state *st = kva_cpu_state_of(plan->ctx);
+  job jb;
+  memset(&jb, 0, sizeof(jb));
+  jb.plan = plan;
+  jb.pool = pool;
+  jb.layer = layer;
+  jb.params = *params;
+  jb.q = q;
+  jb.o = o;
+  jb.lse = lse;
+  jb.dtype = dtype;
+  jb.hq = plan->cfg.num_qo_heads;
+  jb.hkv = pool->cfg.num_kv_heads;
+  jb.group = jb.hq / jb.hkv;
+  jb.d = pool->cfg.head_dim;
+  jb.simd = st->simd;
+  if (jb.params.sm_scale == 0.0f) jb.params.sm_scale = 1.0f / sqrtf((float)jb.d);
+  jb.status = KVA_OK;
+
+  if (plan->num_decode > 0) {
+    kva_threadpool_run(st->pool, plan->cfg.num_workers, decode_task, &jb);
+    kva_threadpool_run(st->pool, plan->num_decode, combine_task, &jb);
+  }
+  if (plan->num_extend > 0) {
+    int items = 0;
+    for (int i = 0; i < plan->num_extend; i++)
+      items += (plan->num_new[plan->extend_reqs[i]] + EXTEND_Q_CHUNK - 1) / EXTEND_Q_CHUNK;
+    extend_job ej = {&jb, (int *)malloc((size_t)items * sizeof(int)),
+                     (int *)malloc((size_t)items * sizeof(int))};
+    if (!ej.task_req || !ej.task_t0) {
+      free(ej.task_req);
+      free(ej.task_t0);
+      return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "kva_attention: out of host memory");
+    }
+    /* later query chunks see more keys: put them first so the tail is short */
+    int n = 0;
+    for (int i = 0; i < plan->num_extend; i++) {
+      int r = plan->extend_reqs[i];
+      for (int t0 = ((plan->num_new[r] - 1) / EXTEND_Q_CHUNK) * EXTEND_Q_CHUNK; t0 >= 0;
+           t0 -= EXTEND_Q_CHUNK) {
+        ej.task_req[n] = r;
+        ej.task_t0[n++] = t0;
+      }
+    }
+    kva_threadpool_run(st->pool, items, extend_task, &ej);
+    free(ej.task_req);
+    free(ej.task_t0);
+  }
+  if (jb.status != KVA_OK)
+    return kva_set_error(jb.status, "kva_attention: out of host memory in a CPU task");
+  return KVA_OK;
+}

@@ -1,0 +1,311 @@
+/* kvattn bench: times kva_attention on a filled paged pool and reports the
+ * KV read bandwidth, TFLOP/s, and the ratio to a copy ceiling measured in the
+ * same run (multithreaded memcpy on the CPU, device-to-device copy on CUDA,
+ * both counting bytes read + written). */
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_common.h"
+#include "gpu_timer.h"
+
+typedef struct {
+  kva_device dev;
+  int prefill, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads;
+  kva_dtype dtype, kv_dtype;
+} bench_opts;
+
+/* ---- CPU copy ceiling ---------------------------------------------------- */
+typedef struct {
+  char *dst;
+  const char *src;
+  size_t n;
+} copy_arg;
+static void *copy_thread(void *p) {
+  copy_arg *a = (copy_arg *)p;
+  memcpy(a->dst, a->src, a->n);
+  return NULL;
+}
+static double cpu_copy_ceiling(int threads) {
+  size_t n = (size_t)256 << 20;
+  char *src = (char *)malloc(n), *dst = (char *)malloc(n);
+  if (!src || !dst) {
+    free(src);
+    free(dst);
+    return 0;
+  }
+  memset(src, 1, n);
+  memset(dst, 2, n);
+  double best[7];
+  for (int rep = 0; rep < 7; rep++) {
+    pthread_t th[64];
+    copy_arg args[64];
+    int t = threads < 64 ? threads : 64;
+    double t0 = cli_now();
+    for (int i = 0; i < t; i++) {
+      args[i].dst = dst + n / t * i;
+      args[i].src = src + n / t * i;
+      args[i].n = n / t;
+      pthread_create(&th[i], NULL, copy_thread, &args[i]);
+    }
+    for (int i = 0; i < t; i++) pthread_join(th[i], NULL);
+    best[rep] = cli_now() - t0;
+  }
+  for (int i = 0; i < 7; i++) /* median */
+    for (int j = i + 1; j < 7; j++)
+      if (best[j] < best[i]) {
+        double x = best[i];
+        best[i] = best[j];
+        best[j] = x;
+      }
+  free(src);
+  free(dst);
+  return 2.0 * (double)n / best[3] / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* One configuration; prints a line or a JSON object. */
+static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, double ceiling,
+                      cli_rng *rng) {
+  int32_t *cached = (int32_t *)malloc((size_t)B * 4), *nnew = (int32_t *)malloc((size_t)B * 4);
+  int32_t *slots = (int32_t *)malloc((size_t)B * 4);
+  long long kv_tokens = 0, pairs = 0, total_q = 0, pages_total = 0;
+  int max_len = 0;
+  for (int i = 0; i < B; i++) {
+    int len = L;
+    if (o->varlen) {
+      double x = L + cli_normal(rng) * L / 2.0;
+      len = x < 1 ? 1 : (int)x;
+    }
+    if (o->prefill) {
+      cached[i] = o->prefix;
+      nnew[i] = len;
+    } else {
+      nnew[i] = 1;
+      cached[i] = len - 1;
+    }
+    int kv = cached[i] + nnew[i];
+    if (kv > max_len) max_len = kv;
+    kv_tokens += kv;
+    total_q += nnew[i];
+    pages_total += (kv + o->page - 1) / o->page;
+    for (int t = 0; t < nnew[i]; t++) {
+      int pos = cached[i] + t;
+      pairs += o->causal ? pos + 1 : kv;
+    }
+  }
+  size_t esz = kva_dtype_size(o->kv_dtype);
+  double layer_kv_bytes = (double)pages_total * o->page * o->hkv * o->d * esz * 2;
+  /* enough layers that one pass over them does not sit in a 50 MB L2 */
+  int layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_kv_bytes) : 1;
+  if (layers < 1) layers = 1;
+  if (layers > 16) layers = 16;
+  kva_pool_config pc = {KVA_LAYOUT_MHA, layers, (int)pages_total + B, o->page, o->hkv, o->d, o->kv_dtype};
+  kva_pool *pool;
+  kva_req_table *table;
+  kva_plan *plan;
+  CLI_TRY(kva_pool_create(ctx, &pc, &pool));
+  CLI_TRY(kva_req_table_create(pool, B, max_len, &table));
+  for (int i = 0; i < B; i++) {
+    int s;
+    CLI_TRY(kva_req_alloc(table, &s));
+    slots[i] = s;
+    CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
+  }
+  /* random KV: a 16 MiB random block tiled over every buffer */
+  size_t blk = (size_t)16 << 20;
+  void *host = malloc(blk);
+  kva_dtype fill_t = o->kv_dtype == KVA_FP8_E4M3 ? KVA_FP8_E4M3 : o->kv_dtype;
+  cli_fill_random(rng, host, blk / esz, fill_t, 1.0f);
+  size_t layer_bytes = (size_t)pc.num_pages * o->page * o->hkv * o->d * esz;
+  for (int l = 0; l < layers; l++) {
+    void *kb, *vb;
+    CLI_TRY(kva_pool_get_buffers(pool, l, &kb, &vb));
+    for (size_t off = 0; off < layer_bytes; off += blk) {
+      size_t n = layer_bytes - off < blk ? layer_bytes - off : blk;
+      CLI_TRY(kva_copy_to_device(ctx, (char *)kb + off, host, n));
+      CLI_TRY(kva_copy_to_device(ctx, (char *)vb + off, host, n));
+    }
+  }
+  kva_plan_config plc = {B, (int)total_q, o->hq, 0, 0};
+  CLI_TRY(kva_plan_create(table, &plc, &plan));
+  kva_batch batch = {B, slots, cached, nnew};
+  CLI_TRY(kva_plan_update(plan, &batch));
+  size_t qbytes = (size_t)total_q * o->hq * o->d * kva_dtype_size(o->dtype);
+  void *q, *out;
+  CLI_TRY(kva_malloc(ctx, qbytes, &q));
+  CLI_TRY(kva_malloc(ctx, qbytes, &out));
+  void *hq = malloc(qbytes);
+  cli_fill_random(rng, hq, qbytes / kva_dtype_size(o->dtype), o->dtype, 2.0f);
+  CLI_TRY(kva_copy_to_device(ctx, q, hq, qbytes));
+  kva_attn_params ap = kva_attn_params_default();
+  ap.causal = o->causal;
+
+  int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
+  double *times = (double *)malloc((size_t)iters * sizeof(double));
+  for (int w = 0; w < (o->dev == KVA_DEVICE_CUDA ? 3 : 1); w++)
+    CLI_TRY(kva_attention(plan, pool, w % layers, &ap, q, out, NULL, o->dtype));
+  CLI_TRY(kva_synchronize(ctx));
+  for (int it = 0; it < iters; it++) {
+    int l = it % layers;
+    if (o->dev == KVA_DEVICE_CUDA) {
+      double ms = -1;
+      if (cli_gpu_time_begin(ctx) != 0) return 1;
+      CLI_TRY(kva_attention(plan, pool, l, &ap, q, out, NULL, o->dtype));
+      if (cli_gpu_time_end(ctx, &ms) != 0) return 1;
+      times[it] = ms * 1e-3;
+    } else {
+      double t0 = cli_now();
+      CLI_TRY(kva_attention(plan, pool, l, &ap, q, out, NULL, o->dtype));
+      times[it] = cli_now() - t0;
+    }
+  }
+  qsort(times, (size_t)iters, sizeof(double), cmp_double);
+  double t = times[iters / 2];
+  double kv_bytes = (double)kv_tokens * o->hkv * o->d * esz * 2 + (double)pages_total * 4;
+  double gbps = kv_bytes / t / 1e9, tflops = 4.0 * o->hq * o->d * (double)pairs / t / 1e12;
+  char heads[32];
+  snprintf(heads, sizeof(heads), "%d:%d", o->hq, o->hkv);
+  if (o->json) {
+    printf("{\"device\":\"%s\",\"mode\":\"%s\",\"batch\":%d,\"ctx\":%d,\"varlen\":%d,\"heads\":\"%s\","
+           "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
+           "\"layers\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
+           "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f}\n",
+           o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->prefill ? "prefill" : "decode", B, L,
+           o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
+           o->causal, o->prefix, layers, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
+           gbps / ceiling);
+  } else {
+    printf("%-7s B=%-4d L=%-6d%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
+           "%.2f TFLOP/s, ceiling %.1f GB/s, ratio %.3f\n",
+           o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "", heads, o->d, o->page,
+           kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), t * 1e3, gbps, tflops, ceiling,
+           gbps / ceiling);
+  }
+  fflush(stdout);
+  free(times);
+  free(hq);
+  free(host);
+  kva_free(ctx, q);
+  kva_free(ctx, out);
+  kva_plan_destroy(plan);
+  kva_req_table_destroy(table);
+  kva_pool_destroy(pool);
+  free(cached);
+  free(nnew);
+  free(slots);
+  return 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill] [--batch B[,B..]]\n"
+          "                    [--ctx L[,L..]] [--heads HQ:HKV] [--head-dim D] [--page P]\n"
+          "                    [--dtype bf16|f16] [--kv-dtype bf16|f16|fp8] [--varlen]\n"
+          "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N] [--json]\n"
+          "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens.\n"
+          "--varlen draws lengths from N(L, L/2) clipped at 1.\n");
+}
+
+int cli_bench(int argc, char **argv) {
+  bench_opts o = {KVA_DEVICE_CPU, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
+  int batches[32] = {16}, ctxs[32] = {4096}, nb = 1, nc = 1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--json")) {
+      o.json = 1;
+    } else if (!strcmp(a, "--varlen")) {
+      o.varlen = 1;
+    } else if (!v) {
+      fprintf(stderr, "kvattn bench: unknown option or missing value '%s'\n", a);
+      return 2;
+    } else if (!strcmp(a, "--device")) {
+      if (!cli_parse_device(v, &o.dev)) goto bad;
+      i++;
+    } else if (!strcmp(a, "--mode")) {
+      if (!strcmp(v, "decode")) o.prefill = 0;
+      else if (!strcmp(v, "prefill")) o.prefill = 1;
+      else goto bad;
+      i++;
+    } else if (!strcmp(a, "--batch")) {
+      if ((nb = cli_parse_list(v, batches, 32)) <= 0) goto bad;
+      i++;
+    } else if (!strcmp(a, "--ctx")) {
+      if ((nc = cli_parse_list(v, ctxs, 32)) <= 0) goto bad;
+      i++;
+    } else if (!strcmp(a, "--heads")) {
+      if (sscanf(v, "%d:%d", &o.hq, &o.hkv) != 2 || o.hq <= 0 || o.hkv <= 0 || o.hq % o.hkv) goto bad;
+      i++;
+    } else if (!strcmp(a, "--head-dim")) {
+      o.d = atoi(v);
+      i++;
+    } else if (!strcmp(a, "--page")) {
+      o.page = atoi(v);
+      i++;
+    } else if (!strcmp(a, "--dtype")) {
+      if (!cli_parse_dtype(v, &o.dtype) || o.dtype == KVA_FP8_E4M3) goto bad;
+      i++;
+    } else if (!strcmp(a, "--kv-dtype")) {
+      if (!cli_parse_dtype(v, &o.kv_dtype) || o.kv_dtype == KVA_F32) goto bad;
+      i++;
+    } else if (!strcmp(a, "--causal")) {
+      o.causal = atoi(v) != 0;
+      i++;
+    } else if (!strcmp(a, "--prefix")) {
+      o.prefix = atoi(v);
+      i++;
+    } else if (!strcmp(a, "--iters")) {
+      o.iters = atoi(v);
+      i++;
+    } else if (!strcmp(a, "--threads")) {
+      o.threads = atoi(v);
+      i++;
+    } else {
+      fprintf(stderr, "kvattn bench: unknown option '%s'\n", a);
+      usage(stderr);
+      return 2;
+    }
+    continue;
+  bad:
+    fprintf(stderr, "kvattn bench: bad value '%s' for %s\n", v, a);
+    return 2;
+  }
+  kva_context_config cc = {o.dev, o.threads, 0};
+  kva_context *ctx;
+  kva_status st = kva_context_create(&cc, &ctx);
+  if (st != KVA_OK) {
+    fprintf(stderr, "kvattn bench: %s: %s\n", kva_strerror(st), kva_last_error());
+    return st == KVA_ERR_NO_DEVICE ? 77 : 1;
+  }
+  double ceiling = o.dev == KVA_DEVICE_CUDA ? cli_gpu_copy_ceiling_gbps(ctx)
+                                            : cpu_copy_ceiling(kva_context_num_workers(ctx));
+  if (!(ceiling > 0)) {
+    fprintf(stderr, "kvattn bench: could not measure the copy ceiling\n");
+    return 1;
+  }
+  cli_rng rng = {12345};
+  int total = nb * nc, done = 0, rc = 0;
+  for (int bi = 0; bi < nb && rc == 0; bi++)
+    for (int ci = 0; ci < nc && rc == 0; ci++) {
+      if (total > 1) {
+        int w = 30, fill = done * w / total;
+        fprintf(stderr, "\r[%.*s%*s] %d/%d B=%d L=%d ", fill, "##############################", w - fill, "",
+                done, total, batches[bi], ctxs[ci]);
+      }
+      rc = run_config(ctx, &o, batches[bi], ctxs[ci], ceiling, &rng);
+      done++;
+    }
+  if (total > 1) fprintf(stderr, "\r[##############################] %d/%d done%20s\n", done, total, "");
+  kva_context_destroy(ctx);
+  return rc;
+}
