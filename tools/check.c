@@ -283,9 +283,12 @@ static int run_case(kva_context *ctx, const check_case *c, cli_rng *r, int small
                       (const float *const *)vo, ref2, NULL);
     free(ko);
     free(vo);
+    /* This measures e4m3 itself (3-bit mantissa: 2.5% RMS per element), not
+     * the kernel, which is held to the dtype tolerance above; it guards
+     * against gross quantization bugs (wrong scale, saturation, rounding). */
     double e2 = kva_ref_rel_error(ref2, of, nq);
-    if (!(e2 < 5e-2)) {
-      printf("FAIL %s: fp8 rel error %.3g >= 5e-2 vs reference on unquantized KV\n", desc, e2);
+    if (!(e2 < 0.15)) {
+      printf("FAIL %s: fp8 end-to-end rel error %.3g >= 0.15 vs unquantized KV\n", desc, e2);
       fail = 1;
     }
     if (e2 > worst[2]) worst[2] = e2;

@@ -28,21 +28,24 @@ typedef struct {
   kva_status status; /* first failure of any task (allocation) */
 } job;
 
-/* Query rows of one request: row = (token t, q head h), h fastest. */
+/* Query rows of one request, kv-head major: row = (kv head, token t, head
+ * in group g), so the rows that share a kv head are contiguous. */
 typedef struct {
-  int nrows;
-  float *q;    /* [nrows][d] */
-  int *qpos;   /* absolute position of each row */
+  int nrows, per_head; /* rows in all, rows per kv head */
+  float *q;            /* [nrows][d] */
+  int *qpos, *tok, *head; /* absolute position, token index within the request, q head */
   float *m, *l, *acc;
-  float *kb, *vb, *s; /* [KEY_BLOCK][hkv*d] x2, [nrows][KEY_BLOCK] */
+  float *kb, *vb, *s;  /* [KEY_BLOCK][hkv*d] x2, [nrows][KEY_BLOCK] */
+  const float **qp;    /* [nrows] row pointers for the block kernels */
+  float **ap;
 } rowset;
 
 static int rowset_alloc(rowset *rs, int nrows, int d, int hkv) {
   size_t floats = (size_t)nrows * d * 2 + (size_t)nrows * 2 + (size_t)KEY_BLOCK * d * hkv * 2 +
                   (size_t)nrows * KEY_BLOCK;
-  float *f = (float *)malloc(floats * sizeof(float) + (size_t)nrows * sizeof(int));
+  float *f = (float *)malloc(floats * sizeof(float) + (size_t)nrows * 3 * sizeof(int) +
+                             (size_t)nrows * 2 * sizeof(void *));
   if (!f) return 0;
-  rs->nrows = nrows;
   rs->q = f;
   rs->acc = rs->q + (size_t)nrows * d;
   rs->m = rs->acc + (size_t)nrows * d;
@@ -50,27 +53,36 @@ static int rowset_alloc(rowset *rs, int nrows, int d, int hkv) {
   rs->kb = rs->l + nrows;
   rs->vb = rs->kb + (size_t)KEY_BLOCK * d * hkv;
   rs->s = rs->vb + (size_t)KEY_BLOCK * d * hkv;
-  rs->qpos = (int *)(rs->s + (size_t)nrows * KEY_BLOCK);
+  rs->qp = (const float **)(rs->s + (size_t)nrows * KEY_BLOCK);
+  rs->ap = (float **)(rs->qp + nrows);
+  rs->qpos = (int *)(rs->ap + nrows);
+  rs->tok = rs->qpos + nrows;
+  rs->head = rs->tok + nrows;
   return 1;
 }
 
 /* Load query rows (all heads) for tokens [t0, t0+nt) of request r. */
 static void load_rows(const job *jb, rowset *rs, int r, int t0, int nt) {
   const kva_plan *p = jb->plan;
-  int cached = p->cache_seqlens[r] - p->num_new[r];
+  int cached = p->cache_seqlens[r] - p->num_new[r], d = jb->d;
   size_t esz = kva_dtype_size(jb->dtype);
-  for (int t = 0; t < nt; t++)
-    for (int h = 0; h < jb->hq; h++) {
-      int row = t * jb->hq + h;
-      size_t tok = (size_t)p->cu_seqlens_q[r] + t0 + t;
-      const char *src = (const char *)jb->q + (tok * jb->hq + h) * jb->d * esz;
-      kva_cpu_row_to_f32(jb->simd, src, jb->dtype, jb->d, 1.0f, rs->q + (size_t)row * jb->d);
-      rs->qpos[row] = cached + t0 + t;
-      rs->m[row] = -INFINITY;
-      rs->l[row] = 0.0f;
-      memset(rs->acc + (size_t)row * jb->d, 0, (size_t)jb->d * sizeof(float));
-    }
+  rs->per_head = nt * jb->group;
   rs->nrows = nt * jb->hq;
+  for (int i = 0; i < rs->nrows; i++) {
+    int kvh = i / rs->per_head, rem = i % rs->per_head, t = rem / jb->group;
+    int h = kvh * jb->group + rem % jb->group;
+    size_t tok = (size_t)p->cu_seqlens_q[r] + t0 + t;
+    const char *src = (const char *)jb->q + (tok * jb->hq + h) * d * esz;
+    kva_cpu_row_to_f32(jb->simd, src, jb->dtype, d, 1.0f, rs->q + (size_t)i * d);
+    rs->qpos[i] = cached + t0 + t;
+    rs->tok[i] = t0 + t;
+    rs->head[i] = h;
+    rs->m[i] = -INFINITY;
+    rs->l[i] = 0.0f;
+    memset(rs->acc + (size_t)i * d, 0, (size_t)d * sizeof(float));
+    rs->qp[i] = rs->q + (size_t)i * d;
+    rs->ap[i] = rs->acc + (size_t)i * d;
+  }
 }
 
 static int visible(const kva_attn_params *ap, int key, int qpos) {
@@ -79,51 +91,65 @@ static int visible(const kva_attn_params *ap, int key, int qpos) {
   return 1;
 }
 
+/* Converts tokens [b0, b0+nb) of one buffer (every kv head) to f32. */
+static void load_block(const job *jb, const int32_t *pages, const char *buf, float scale, int b0,
+                       int nb, float *dst) {
+  const kva_pool *pool = jb->pool;
+  int ps = pool->cfg.page_size;
+  size_t esz = kva_dtype_size(pool->cfg.kv_dtype), row_elems = pool->token_elems;
+  for (int j = 0; j < nb; j++) {
+    int pos = b0 + j;
+    size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
+    kva_cpu_row_to_f32(jb->simd, buf + slot * row_elems * esz, pool->cfg.kv_dtype, (int)row_elems,
+                       scale, dst + (size_t)j * row_elems);
+  }
+}
+
 /* Online softmax of rows over keys [k0, k1) of request r. */
 static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
   const kva_plan *p = jb->plan;
   const kva_pool *pool = jb->pool;
   const kva_attn_params *ap = &jb->params;
-  int d = jb->d, ps = pool->cfg.page_size, n = rs->nrows;
+  int d = jb->d, n = rs->nrows, ph = rs->per_head;
   const int32_t *pages = p->page_table + (size_t)r * p->hdr.page_table_stride;
-  size_t esz = kva_dtype_size(pool->cfg.kv_dtype), row_elems = pool->token_elems;
+  size_t row_elems = pool->token_elems;
   const char *kbuf = (const char *)pool->k[jb->layer], *vbuf = (const char *)pool->v[jb->layer];
   int fp8 = pool->cfg.kv_dtype == KVA_FP8_E4M3;
   float ks = fp8 ? pool->k_scale[jb->layer] : 1.0f, vs = fp8 ? pool->v_scale[jb->layer] : 1.0f;
-  /* keys any row can see: trim the range once */
-  int lo = k1, hi = k0;
+  /* keys any row can see, and keys every row sees (no mask needed there) */
+  int lo = k1, hi = k0, all_lo = k0, all_hi = k1;
   for (int i = 0; i < n; i++) {
     int a = ap->window_left >= 0 ? rs->qpos[i] - ap->window_left : 0;
     int b = ap->causal ? rs->qpos[i] + 1 : k1;
     if (a < lo) lo = a;
     if (b > hi) hi = b;
+    if (a > all_lo) all_lo = a;
+    if (b < all_hi) all_hi = b;
   }
   if (lo < k0) lo = k0;
   if (hi > k1) hi = k1;
   for (int b0 = lo; b0 < hi; b0 += KEY_BLOCK) {
     int nb = hi - b0 < KEY_BLOCK ? hi - b0 : KEY_BLOCK;
-    for (int j = 0; j < nb; j++) {
-      int pos = b0 + j;
-      size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
-      kva_cpu_row_to_f32(jb->simd, kbuf + slot * row_elems * esz, pool->cfg.kv_dtype,
-                         (int)row_elems, ks, rs->kb + (size_t)j * row_elems);
-    }
-    int any_v = 0;
+    int masked = b0 < all_lo || b0 + nb > all_hi;
+    load_block(jb, pages, kbuf, ks, b0, nb, rs->kb);
+    for (int kvh = 0; kvh < jb->hkv; kvh++)
+      kva_cpu_qk(jb->simd, ph, rs->qp + kvh * ph, rs->kb + (size_t)kvh * d, row_elems, nb, d,
+                 ap->sm_scale, rs->s + (size_t)kvh * ph * KEY_BLOCK, KEY_BLOCK);
+    int any = 0;
     for (int i = 0; i < n; i++) {
       float *s = rs->s + (size_t)i * KEY_BLOCK, mx = -INFINITY;
-      const float *qi = rs->q + (size_t)i * d;
-      const float *kh = rs->kb + (size_t)((i % jb->hq) / jb->group) * d;
       for (int j = 0; j < nb; j++) {
-        if (!visible(ap, b0 + j, rs->qpos[i])) {
+        if (masked && !visible(ap, b0 + j, rs->qpos[i])) {
           s[j] = -INFINITY;
           continue;
         }
-        float x = kva_cpu_dot(jb->simd, qi, kh + (size_t)j * row_elems, d) * ap->sm_scale;
-        if (ap->logit_softcap > 0.0f) x = ap->logit_softcap * tanhf(x / ap->logit_softcap);
-        s[j] = x;
-        if (x > mx) mx = x;
+        if (ap->logit_softcap > 0.0f) s[j] = ap->logit_softcap * tanhf(s[j] / ap->logit_softcap);
+        if (s[j] > mx) mx = s[j];
       }
-      if (mx == -INFINITY) continue;
+      if (mx == -INFINITY) { /* nothing visible: contributes nothing */
+        for (int j = 0; j < nb; j++) s[j] = 0.0f;
+        continue;
+      }
       float mnew = rs->m[i] > mx ? rs->m[i] : mx;
       float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
       if (corr != 1.0f) {
@@ -131,29 +157,14 @@ static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
         rs->l[i] *= corr;
       }
       rs->m[i] = mnew;
-      for (int j = 0; j < nb; j++) {
-        s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mnew);
-        rs->l[i] += s[j];
-      }
-      any_v = 1;
+      rs->l[i] += kva_cpu_exp_sum(jb->simd, s, nb, mnew);
+      any = 1;
     }
-    if (!any_v) continue;
-    for (int j = 0; j < nb; j++) {
-      int pos = b0 + j;
-      size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
-      kva_cpu_row_to_f32(jb->simd, vbuf + slot * row_elems * esz, pool->cfg.kv_dtype,
-                         (int)row_elems, vs, rs->vb + (size_t)j * row_elems);
-    }
-    for (int i = 0; i < n; i++) {
-      if (rs->m[i] == -INFINITY) continue;
-      const float *s = rs->s + (size_t)i * KEY_BLOCK;
-      float *acc = rs->acc + (size_t)i * d;
-      const float *vh = rs->vb + (size_t)((i % jb->hq) / jb->group) * d;
-      /* rows that saw no key in this block hold -inf scores: skip them */
-      for (int j = 0; j < nb; j++)
-        if (s[j] != 0.0f && visible(ap, b0 + j, rs->qpos[i]))
-          kva_cpu_axpy(jb->simd, acc, s[j], vh + (size_t)j * row_elems, d);
-    }
+    if (!any) continue;
+    load_block(jb, pages, vbuf, vs, b0, nb, rs->vb);
+    for (int kvh = 0; kvh < jb->hkv; kvh++)
+      kva_cpu_pv(jb->simd, ph, rs->ap + kvh * ph, rs->s + (size_t)kvh * ph * KEY_BLOCK, KEY_BLOCK,
+                 rs->vb + (size_t)kvh * d, row_elems, nb, d);
   }
 }
 
@@ -171,12 +182,12 @@ static void finish_rows(const job *jb, rowset *rs, float *lse_rows) {
   }
 }
 
-/* Write finished rows of (request r, tokens t0..) to O / LSE. */
-static void write_final(const job *jb, rowset *rs, int r, int t0, const float *lse_rows) {
+/* Write finished rows of request r to O / LSE. */
+static void write_final(const job *jb, rowset *rs, int r, const float *lse_rows) {
   size_t esz = kva_dtype_size(jb->dtype);
   for (int i = 0; i < rs->nrows; i++) {
-    int t = i / jb->hq, h = i % jb->hq;
-    size_t tok = (size_t)jb->plan->cu_seqlens_q[r] + t0 + t;
+    int h = rs->head[i];
+    size_t tok = (size_t)jb->plan->cu_seqlens_q[r] + rs->tok[i];
     char *dst = (char *)jb->o + (tok * jb->hq + h) * jb->d * esz;
     const float *acc = rs->acc + (size_t)i * jb->d;
     for (int e = 0; e < jb->d; e++) kva_store_f32(dst, (size_t)e, jb->dtype, acc[e]);
@@ -209,11 +220,11 @@ static void decode_task(void *arg, int w, int thread) {
     attend(jb, &rs, r, k0, k1);
     finish_rows(jb, &rs, lse_rows);
     if (nsplit == 1) {
-      write_final(jb, &rs, r, 0, lse_rows);
+      write_final(jb, &rs, r, lse_rows);
       continue;
     }
     for (int i = 0; i < rs.nrows; i++) {
-      int t = i / jb->hq, h = i % jb->hq;
+      int t = rs.tok[i], h = rs.head[i];
       size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + t;
       memcpy(partial_o + (row * jb->hq + h) * jb->d, rs.acc + (size_t)i * jb->d,
              (size_t)jb->d * sizeof(float));
@@ -283,7 +294,7 @@ static void extend_task(void *arg, int idx, int thread) {
   load_rows(jb, &rs, r, t0, nt);
   attend(jb, &rs, r, 0, jb->plan->cache_seqlens[r]);
   finish_rows(jb, &rs, lse_rows);
-  write_final(jb, &rs, r, t0, lse_rows);
+  write_final(jb, &rs, r, lse_rows);
   free(rs.q);
   free(lse_rows);
 }

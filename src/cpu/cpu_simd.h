@@ -16,4 +16,15 @@ void kva_cpu_axpy(int simd, float *y, float a, const float *x, int n);
 /* y *= a */
 void kva_cpu_scale(int simd, float *y, float a, int n);
 
+
+
+/* Block kernels over nrows query rows and nb keys (rows given by pointers).
+ * s[i * sstride + j] = scale * dot(q[i], k + j * kstride) */
+void kva_cpu_qk(int simd, int nrows, const float *const *q, const float *k, size_t kstride, int nb,
+                int d, float scale, float *s, size_t sstride);
+/* acc[i] += sum_j p[i * pstride + j] * (v + j * vstride) */
+void kva_cpu_pv(int simd, int nrows, float *const *acc, const float *p, size_t pstride,
+                const float *v, size_t vstride, int nb, int d);
+/* s[j] = exp(s[j] - m) (-inf -> 0); returns the sum */
+float kva_cpu_exp_sum(int simd, float *s, int n, float m);
 #endif
