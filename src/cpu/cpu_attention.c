@@ -128,13 +128,28 @@ static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
   }
   if (lo < k0) lo = k0;
   if (hi > k1) hi = k1;
+  /* 16-bit KV is read in place (converted in registers); fp8 is staged */
+  int in_place = !fp8 && jb->simd;
+  const uint16_t *rows16[KEY_BLOCK];
+  int ps = pool->cfg.page_size;
   for (int b0 = lo; b0 < hi; b0 += KEY_BLOCK) {
     int nb = hi - b0 < KEY_BLOCK ? hi - b0 : KEY_BLOCK;
     int masked = b0 < all_lo || b0 + nb > all_hi;
-    load_block(jb, pages, kbuf, ks, b0, nb, rs->kb);
-    for (int kvh = 0; kvh < jb->hkv; kvh++)
-      kva_cpu_qk(jb->simd, ph, rs->qp + kvh * ph, rs->kb + (size_t)kvh * d, row_elems, nb, d,
-                 ap->sm_scale, rs->s + (size_t)kvh * ph * KEY_BLOCK, KEY_BLOCK);
+    if (!in_place) load_block(jb, pages, kbuf, ks, b0, nb, rs->kb);
+    for (int kvh = 0; kvh < jb->hkv; kvh++) {
+      float *s_h = rs->s + (size_t)kvh * ph * KEY_BLOCK;
+      if (in_place) {
+        for (int j = 0; j < nb; j++) {
+          size_t slot = (size_t)pages[(b0 + j) / ps] * ps + (b0 + j) % ps;
+          rows16[j] = (const uint16_t *)kbuf + slot * row_elems + (size_t)kvh * d;
+        }
+        kva_cpu_qk16(jb->simd, ph, rs->qp + kvh * ph, rows16, pool->cfg.kv_dtype, nb, d,
+                     ap->sm_scale, s_h, KEY_BLOCK);
+      } else {
+        kva_cpu_qk(jb->simd, ph, rs->qp + kvh * ph, rs->kb + (size_t)kvh * d, row_elems, nb, d,
+                   ap->sm_scale, s_h, KEY_BLOCK);
+      }
+    }
     int any = 0;
     for (int i = 0; i < n; i++) {
       float *s = rs->s + (size_t)i * KEY_BLOCK, mx = -INFINITY;
@@ -161,10 +176,21 @@ static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
       any = 1;
     }
     if (!any) continue;
-    load_block(jb, pages, vbuf, vs, b0, nb, rs->vb);
-    for (int kvh = 0; kvh < jb->hkv; kvh++)
-      kva_cpu_pv(jb->simd, ph, rs->ap + kvh * ph, rs->s + (size_t)kvh * ph * KEY_BLOCK, KEY_BLOCK,
-                 rs->vb + (size_t)kvh * d, row_elems, nb, d);
+    if (!in_place) load_block(jb, pages, vbuf, vs, b0, nb, rs->vb);
+    for (int kvh = 0; kvh < jb->hkv; kvh++) {
+      const float *s_h = rs->s + (size_t)kvh * ph * KEY_BLOCK;
+      if (in_place) {
+        for (int j = 0; j < nb; j++) {
+          size_t slot = (size_t)pages[(b0 + j) / ps] * ps + (b0 + j) % ps;
+          rows16[j] = (const uint16_t *)vbuf + slot * row_elems + (size_t)kvh * d;
+        }
+        kva_cpu_pv16(jb->simd, ph, rs->ap + kvh * ph, s_h, KEY_BLOCK, rows16, pool->cfg.kv_dtype,
+                     nb, d);
+      } else {
+        kva_cpu_pv(jb->simd, ph, rs->ap + kvh * ph, s_h, KEY_BLOCK, rs->vb + (size_t)kvh * d,
+                   row_elems, nb, d);
+      }
+    }
   }
 }
 

@@ -342,3 +342,105 @@ float kva_cpu_exp_sum(int simd, float *s, int n, float m) {
   (void)simd;
   return exp_sum_c(s, n, m);
 }
+
+/* ---- fused kernels on bf16/f16 rows (AVX2 only) -------------------------- */
+#ifdef KVA_X86
+AVX2 static inline __m256 ld8(const uint16_t *p, int bf16) {
+  __m128i h = _mm_loadu_si128((const __m128i *)p);
+  return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+              : _mm256_cvtph_ps(h);
+}
+
+AVX2 static void qk16_avx2(int nrows, const float *const *q, const uint16_t *const *k, int bf16,
+                           int nb, int d, float scale, float *s, size_t sstride) {
+  int i = 0;
+  for (; i + 4 <= nrows; i += 4) {
+    const float *q0 = q[i], *q1 = q[i + 1], *q2 = q[i + 2], *q3 = q[i + 3];
+    for (int j = 0; j < nb; j += 2) {
+      const uint16_t *k0 = k[j], *k1 = j + 1 < nb ? k[j + 1] : k[j];
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      for (int e = 0; e < d; e += 8) {
+        __m256 kv0 = ld8(k0 + e, bf16), kv1 = ld8(k1 + e, bf16);
+        __m256 x0 = _mm256_loadu_ps(q0 + e), x1 = _mm256_loadu_ps(q1 + e);
+        __m256 x2 = _mm256_loadu_ps(q2 + e), x3 = _mm256_loadu_ps(q3 + e);
+        a0 = _mm256_fmadd_ps(x0, kv0, a0);
+        a1 = _mm256_fmadd_ps(x1, kv0, a1);
+        a2 = _mm256_fmadd_ps(x2, kv0, a2);
+        a3 = _mm256_fmadd_ps(x3, kv0, a3);
+        a4 = _mm256_fmadd_ps(x0, kv1, a4);
+        a5 = _mm256_fmadd_ps(x1, kv1, a5);
+        a6 = _mm256_fmadd_ps(x2, kv1, a6);
+        a7 = _mm256_fmadd_ps(x3, kv1, a7);
+      }
+      float r[8];
+      _mm256_storeu_ps(r, _mm256_mul_ps(hsum8(a0, a1, a2, a3, a4, a5, a6, a7), _mm256_set1_ps(scale)));
+      for (int t = 0; t < 4; t++) {
+        s[(i + t) * sstride + j] = r[t];
+        if (j + 1 < nb) s[(i + t) * sstride + j + 1] = r[4 + t];
+      }
+    }
+  }
+  for (; i < nrows; i++)
+    for (int j = 0; j < nb; j++) {
+      __m256 a = _mm256_setzero_ps();
+      for (int e = 0; e < d; e += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q[i] + e), ld8(k[j] + e, bf16), a);
+      float r[8];
+      _mm256_storeu_ps(r, a);
+      s[i * sstride + j] = scale * (((r[0] + r[4]) + (r[1] + r[5])) + ((r[2] + r[6]) + (r[3] + r[7])));
+    }
+}
+
+AVX2 static void pv16_avx2(int nrows, float *const *acc, const float *p, size_t pstride,
+                           const uint16_t *const *v, int bf16, int nb, int d) {
+  int i = 0;
+  for (; i + 4 <= nrows; i += 4) {
+    const float *p0 = p + i * pstride, *p1 = p0 + pstride, *p2 = p1 + pstride, *p3 = p2 + pstride;
+    float *c0 = acc[i], *c1 = acc[i + 1], *c2 = acc[i + 2], *c3 = acc[i + 3];
+    for (int e = 0; e < d; e += 8) {
+      __m256 a0 = _mm256_loadu_ps(c0 + e), a1 = _mm256_loadu_ps(c1 + e);
+      __m256 a2 = _mm256_loadu_ps(c2 + e), a3 = _mm256_loadu_ps(c3 + e);
+      for (int j = 0; j < nb; j++) {
+        __m256 va = ld8(v[j] + e, bf16);
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + j), va, a0);
+        a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(p1 + j), va, a1);
+        a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(p2 + j), va, a2);
+        a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(p3 + j), va, a3);
+      }
+      _mm256_storeu_ps(c0 + e, a0);
+      _mm256_storeu_ps(c1 + e, a1);
+      _mm256_storeu_ps(c2 + e, a2);
+      _mm256_storeu_ps(c3 + e, a3);
+    }
+  }
+  for (; i < nrows; i++)
+    for (int e = 0; e < d; e += 8) {
+      __m256 a = _mm256_loadu_ps(acc[i] + e);
+      for (int j = 0; j < nb; j++)
+        a = _mm256_fmadd_ps(_mm256_broadcast_ss(p + i * pstride + j), ld8(v[j] + e, bf16), a);
+      _mm256_storeu_ps(acc[i] + e, a);
+    }
+}
+#endif
+
+int kva_cpu_qk16(int simd, int nrows, const float *const *q, const uint16_t *const *k, kva_dtype t,
+                 int nb, int d, float scale, float *s, size_t sstride) {
+#ifdef KVA_X86
+  if (simd && (t == KVA_BF16 || t == KVA_F16)) {
+    qk16_avx2(nrows, q, k, t == KVA_BF16, nb, d, scale, s, sstride);
+    return 1;
+  }
+#endif
+  (void)simd, (void)nrows, (void)q, (void)k, (void)t, (void)nb, (void)d, (void)scale, (void)s, (void)sstride;
+  return 0;
+}
+int kva_cpu_pv16(int simd, int nrows, float *const *acc, const float *p, size_t pstride,
+                 const uint16_t *const *v, kva_dtype t, int nb, int d) {
+#ifdef KVA_X86
+  if (simd && (t == KVA_BF16 || t == KVA_F16)) {
+    pv16_avx2(nrows, acc, p, pstride, v, t == KVA_BF16, nb, d);
+    return 1;
+  }
+#endif
+  (void)simd, (void)nrows, (void)acc, (void)p, (void)pstride, (void)v, (void)t, (void)nb, (void)d;
+  return 0;
+}

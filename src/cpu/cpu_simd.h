@@ -4,6 +4,8 @@
 #ifndef KVA_CPU_SIMD_H
 #define KVA_CPU_SIMD_H
 
+#include <stdint.h>
+
 #include "kvattn.h"
 
 /* 1 if this CPU runs the AVX2 kernels. */
@@ -25,6 +27,12 @@ void kva_cpu_qk(int simd, int nrows, const float *const *q, const float *k, size
 /* acc[i] += sum_j p[i * pstride + j] * (v + j * vstride) */
 void kva_cpu_pv(int simd, int nrows, float *const *acc, const float *p, size_t pstride,
                 const float *v, size_t vstride, int nb, int d);
+/* The same reading bf16/f16 rows in place (row pointers per key), converting
+ * in registers; return 0 (doing nothing) where no such kernel exists. */
+int kva_cpu_qk16(int simd, int nrows, const float *const *q, const uint16_t *const *k, kva_dtype t,
+                 int nb, int d, float scale, float *s, size_t sstride);
+int kva_cpu_pv16(int simd, int nrows, float *const *acc, const float *p, size_t pstride,
+                 const uint16_t *const *v, kva_dtype t, int nb, int d);
 /* s[j] = exp(s[j] - m) (-inf -> 0); returns the sum */
 float kva_cpu_exp_sum(int simd, float *s, int n, float m);
 #endif
