@@ -10,26 +10,33 @@
 
 #include "kvattn.h"
 
-static inline uint32_t kva_f32_bits(float f) {
+/* The same conversions run in CUDA kernels, so GPU stores match CPU stores bit for bit. */
+#ifdef __CUDACC__
+#define KVA_HD __host__ __device__
+#else
+#define KVA_HD
+#endif
+
+static inline KVA_HD uint32_t kva_f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   return u;
 }
-static inline float kva_bits_f32(uint32_t u) {
+static inline KVA_HD float kva_bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, 4);
   return f;
 }
 
-static inline float kva_bf16_to_f32(uint16_t h) { return kva_bits_f32((uint32_t)h << 16); }
-static inline uint16_t kva_f32_to_bf16(float f) {
+static inline KVA_HD float kva_bf16_to_f32(uint16_t h) { return kva_bits_f32((uint32_t)h << 16); }
+static inline KVA_HD uint16_t kva_f32_to_bf16(float f) {
   uint32_t u = kva_f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
 
-static inline float kva_f16_to_f32(uint16_t h) {
+static inline KVA_HD float kva_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
   if (exp == 0) {
@@ -40,7 +47,7 @@ static inline float kva_f16_to_f32(uint16_t h) {
   if (exp == 31) return kva_bits_f32(sign | 0x7f800000u | (man << 13));
   return kva_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
-static inline uint16_t kva_f32_to_f16(float f) {
+static inline KVA_HD uint16_t kva_f32_to_f16(float f) {
   uint32_t u = kva_f32_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
@@ -56,7 +63,7 @@ static inline uint16_t kva_f32_to_f16(float f) {
   return (uint16_t)(sign | (uint16_t)(((r >> 13) - (112u << 10)) & 0x7fffu));
 }
 
-static inline float kva_fp8e4m3_to_f32(uint8_t v) {
+static inline KVA_HD float kva_fp8e4m3_to_f32(uint8_t v) {
   uint32_t sign = v & 0x80u, exp = (v >> 3) & 0xfu, man = v & 0x7u;
   float f;
   if (exp == 0xf && man == 0x7) return nanf("");
@@ -66,7 +73,7 @@ static inline float kva_fp8e4m3_to_f32(uint8_t v) {
     f = ldexpf(1.0f + (float)man / 8.0f, (int)exp - 7);
   return sign ? -f : f;
 }
-static inline uint8_t kva_f32_to_fp8e4m3(float f) {
+static inline KVA_HD uint8_t kva_f32_to_fp8e4m3(float f) {
   uint8_t sign = (uint8_t)((kva_f32_bits(f) >> 24) & 0x80u);
   float a = fabsf(f);
   if (isnan(f)) return 0x7f;
@@ -88,7 +95,7 @@ static inline uint8_t kva_f32_to_fp8e4m3(float f) {
 }
 
 /* Element i of a typed buffer as f32 (f32, f16, bf16, fp8 without scale). */
-static inline float kva_load_f32(const void *p, size_t i, kva_dtype t) {
+static inline KVA_HD float kva_load_f32(const void *p, size_t i, kva_dtype t) {
   switch (t) {
     case KVA_F32: return ((const float *)p)[i];
     case KVA_F16: return kva_f16_to_f32(((const uint16_t *)p)[i]);
@@ -97,7 +104,7 @@ static inline float kva_load_f32(const void *p, size_t i, kva_dtype t) {
   }
   return nanf("");
 }
-static inline void kva_store_f32(void *p, size_t i, kva_dtype t, float f) {
+static inline KVA_HD void kva_store_f32(void *p, size_t i, kva_dtype t, float f) {
   switch (t) {
     case KVA_F32: ((float *)p)[i] = f; break;
     case KVA_F16: ((uint16_t *)p)[i] = kva_f32_to_f16(f); break;

@@ -1,0 +1,139 @@
+/* The CUDA backend: device selection, memory, streams, and the hooks that
+ * route to the kernels (cuda_kernels.cu) and the plan upload (plan_upload.c). */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda/cuda_internal.h"
+
+kva_status kva_cuda_error(cudaError_t err, const char *what, const char *file, int line) {
+  return kva_set_error(KVA_ERR_DEVICE, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(err),
+                       cudaGetErrorString(err), what, file, line);
+}
+
+static kva_status cuda_init(kva_context *ctx, const kva_context_config *cfg) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    return kva_set_error(KVA_ERR_NO_DEVICE, "kva_context_create: no CUDA device present (%s)",
+                         e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  if (cfg->cuda_device >= count)
+    return kva_set_error(KVA_ERR_NO_DEVICE, "kva_context_create: cuda_device %d, but %d present",
+                         cfg->cuda_device, count);
+  KVA_CUDA_TRY(cudaSetDevice(cfg->cuda_device));
+  struct cudaDeviceProp prop;
+  KVA_CUDA_TRY(cudaGetDeviceProperties(&prop, cfg->cuda_device));
+  if (prop.major < 9)
+    return kva_set_error(KVA_ERR_NO_DEVICE,
+                         "kva_context_create: %s is sm_%d%d; this build targets sm_90a (Hopper)",
+                         prop.name, prop.major, prop.minor);
+  kva_cuda_state *st = (kva_cuda_state *)calloc(1, sizeof(*st));
+  if (!st) return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "kva_context_create: out of host memory");
+  st->device = cfg->cuda_device;
+  st->num_sms = prop.multiProcessorCount;
+  st->max_smem_optin = (int)prop.sharedMemPerBlockOptin;
+  /* our own stream: capturable by CUDA graphs, unlike the legacy default */
+  e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    free(st);
+    return kva_cuda_error(e, "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+  }
+  st->own_stream = st->stream;
+  ctx->backend_state = st;
+  ctx->stream = st->stream;
+  ctx->num_workers = st->num_sms;
+  ctx->default_split_block = 64;
+  return KVA_OK;
+}
+
+static void cuda_shutdown(kva_context *ctx) {
+  kva_cuda_state *st = kva_cuda_state_of(ctx);
+  if (!st) return;
+  cudaStreamSynchronize(st->stream);
+  if (st->own_stream) cudaStreamDestroy(st->own_stream);
+  free(st);
+  ctx->backend_state = NULL;
+}
+
+static kva_status cuda_alloc(kva_context *ctx, size_t bytes, void **out) {
+  (void)ctx;
+  cudaError_t e = cudaMalloc(out, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError(); /* clear the sticky-free allocation error */
+    return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "cuda backend: cudaMalloc of %zu bytes failed: %s",
+                         bytes, cudaGetErrorString(e));
+  }
+  return KVA_OK;
+}
+static void cuda_free(kva_context *ctx, void *p) {
+  (void)ctx;
+  cudaFree(p);
+}
+static kva_status cuda_zero(kva_context *ctx, void *p, size_t bytes) {
+  cudaStream_t s = kva_cuda_state_of(ctx)->stream;
+  KVA_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, s));
+  KVA_CUDA_TRY(cudaStreamSynchronize(s));
+  return KVA_OK;
+}
+static kva_status cuda_copy(kva_context *ctx, void *dst, const void *src, size_t bytes) {
+  cudaStream_t s = kva_cuda_state_of(ctx)->stream;
+  KVA_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
+  KVA_CUDA_TRY(cudaStreamSynchronize(s));
+  return KVA_OK;
+}
+static kva_status cuda_sync(kva_context *ctx) {
+  KVA_CUDA_TRY(cudaStreamSynchronize(kva_cuda_state_of(ctx)->stream));
+  return KVA_OK;
+}
+static kva_status cuda_set_stream(kva_context *ctx, void *stream) {
+  kva_cuda_state *st = kva_cuda_state_of(ctx);
+  st->stream = stream ? (cudaStream_t)stream : st->own_stream;
+  ctx->stream = st->stream;
+  return KVA_OK;
+}
+static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads) {
+  (void)pool;
+  (void)num_qo_heads;
+  return kva_cuda_state_of(ctx)->num_sms;
+}
+
+static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src, const int32_t *dst) {
+  cudaStream_t s = kva_cuda_state_of(pool->ctx)->stream;
+  size_t tb = pool->token_elems * kva_dtype_size(pool->cfg.kv_dtype);
+  for (int l = 0; l < pool->cfg.num_layers; l++)
+    for (int b = 0; b < 2; b++) {
+      char *buf = (char *)(b == 0 ? pool->k[l] : pool->v[l]);
+      if (!buf) continue;
+      for (int i = 0; i < count; i++)
+        KVA_CUDA_TRY(cudaMemcpyAsync(buf + (size_t)dst[i] * tb, buf + (size_t)src[i] * tb, tb,
+                                     cudaMemcpyDeviceToDevice, s));
+    }
+  return KVA_OK;
+}
+
+static const kva_backend cuda_backend = {
+    .name = "cuda",
+    .device = KVA_DEVICE_CUDA,
+    .init = cuda_init,
+    .shutdown = cuda_shutdown,
+    .mem_alloc = cuda_alloc,
+    .mem_free = cuda_free,
+    .mem_zero = cuda_zero,
+    .copy_to_device = cuda_copy,
+    .copy_to_host = cuda_copy,
+    .synchronize = cuda_sync,
+    .set_stream = cuda_set_stream,
+    .default_workers = cuda_default_workers,
+    .plan_init = kva_cuda_plan_init,
+    .plan_upload = kva_cuda_plan_upload,
+    .plan_free = kva_cuda_plan_free,
+    .copy_slots = cuda_copy_slots,
+    .store_kv = kva_cuda_store_kv,
+    .attention = kva_cuda_attention,
+    .merge_states = kva_cuda_merge_states,
+    .graph_begin = kva_cuda_graph_begin,
+    .graph_end = kva_cuda_graph_end,
+    .graph_launch = kva_cuda_graph_launch,
+    .graph_destroy = kva_cuda_graph_destroy,
+};
+
+const kva_backend *kva_cuda_backend_get(void) { return &cuda_backend; }

@@ -1,0 +1,117 @@
+/* CUDA backend internals shared by its translation units (backend glue,
+ * decode, extend, store, merge). Plain C structs; included by .c and .cu. */
+#ifndef KVA_CUDA_INTERNAL_H
+#define KVA_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+
+#include "core/internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Records a failing CUDA call as KVA_ERR_DEVICE with file, line and the
+ * call's text; evaluates to the kva_status. */
+kva_status kva_cuda_error(cudaError_t err, const char *what, const char *file, int line);
+#define KVA_CUDA_TRY(call)                                                    \
+  do {                                                                        \
+    cudaError_t kva_e_ = (call);                                              \
+    if (kva_e_ != cudaSuccess) return kva_cuda_error(kva_e_, #call, __FILE__, __LINE__); \
+  } while (0)
+/* After every kernel launch. */
+#define KVA_CUDA_LAUNCH_CHECK(name) KVA_CUDA_TRY(cudaGetLastError())
+
+typedef struct kva_cuda_state {
+  int device;
+  int num_sms;
+  int max_smem_optin;  /* bytes a block may use after cudaFuncSetAttribute */
+  cudaStream_t stream;      /* the stream every call is ordered on */
+  cudaStream_t own_stream;  /* created at init, used when none is set */
+} kva_cuda_state;
+
+static inline kva_cuda_state *kva_cuda_state_of(const kva_context *ctx) {
+  return (kva_cuda_state *)ctx->backend_state;
+}
+
+/* Device copy of a plan. All batch-dependent sizes are read by kernels from
+ * d_hdr, so launch configurations never depend on a batch's contents (the
+ * CUDA-graph path relies on this). The metadata lives in one block uploaded
+ * by one cudaMemcpyAsync from pinned staging; page_table is last so only its
+ * used rows travel. */
+typedef struct kva_cuda_plan {
+  int32_t *d_meta;          /* device block */
+  int32_t *h_meta;          /* pinned host staging of the same layout */
+  size_t meta_ints;         /* capacity of the block in int32 */
+  size_t page_table_off;    /* offset (ints) of the page table, the last array */
+  cudaEvent_t upload_done;  /* staging may be rewritten once this completed */
+  int upload_pending;
+
+  /* device pointers into d_meta (offsets fixed at plan_init) */
+  kva_plan_header *d_hdr;
+  int32_t *d_cu_seqlens_q;   /* [max_batch + 1] */
+  int32_t *d_cu_seqlens_k;   /* [max_batch + 1] */
+  int32_t *d_cache_seqlens;  /* [max_batch] */
+  int32_t *d_num_new;        /* [max_batch] */
+  int32_t *d_out_cache_loc;  /* [max_q_tokens] */
+  int32_t *d_q_req;          /* [max_q_tokens] */
+  int32_t *d_decode_reqs;    /* [max_batch] */
+  int32_t *d_extend_reqs;    /* [max_batch] */
+  int32_t *d_split_indptr;   /* [max_batch + 1] */
+  int32_t *d_split_row_offset; /* [max_batch + 1] */
+  kva_split_work *d_split_schedule; /* [num_workers] */
+  int32_t *d_page_table;     /* [max_batch * max_pages_per_req], stride d_hdr->page_table_stride */
+
+  /* extend (prefill) path: its own tile schedule, filled by
+   * kva_cuda_extend_plan and uploaded by it on the same stream */
+  void *extend_plan;
+} kva_cuda_plan;
+
+static inline kva_cuda_plan *kva_cuda_plan_of(const kva_plan *plan) {
+  return (kva_cuda_plan *)plan->backend_plan;
+}
+
+/* Plan hooks (plan_upload.c) and kernels (cuda_kernels.cu). */
+kva_status kva_cuda_plan_init(kva_plan *plan);
+kva_status kva_cuda_plan_upload(kva_plan *plan);
+void kva_cuda_plan_free(kva_plan *plan);
+kva_status kva_cuda_store_kv(kva_plan *plan, kva_pool *pool, int layer, const void *k,
+                             const void *v, kva_dtype dtype);
+kva_status kva_cuda_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                              const kva_attn_params *params, const void *q, void *o, float *lse,
+                              kva_dtype dtype);
+kva_status kva_cuda_merge_states(kva_context *ctx, int num_tokens, int num_heads, int head_dim,
+                                 kva_dtype dtype, const void *v_a, const float *s_a,
+                                 const void *v_b, const float *s_b, void *v_out, float *s_out);
+
+/* Decode path (decode.cu): the plan's decode requests, split-KV over the
+ * schedule, then the combine of split requests. */
+kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                     const kva_attn_params *params, const void *q, void *o,
+                                     float *lse, kva_dtype dtype);
+
+/* Extend path (extend.cu): the plan's extend requests on tensor cores. */
+kva_status kva_cuda_extend_plan_init(kva_plan *plan);
+kva_status kva_cuda_extend_plan(kva_plan *plan);  /* called from plan_upload */
+void kva_cuda_extend_plan_free(kva_plan *plan);
+kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                     const kva_attn_params *params, const void *q, void *o,
+                                     float *lse, kva_dtype dtype);
+
+/* Graph hooks (cuda_graph.c) for the backend struct. */
+kva_status kva_cuda_graph_begin(kva_context *ctx);
+kva_status kva_cuda_graph_end(kva_context *ctx, void **graph);
+kva_status kva_cuda_graph_launch(kva_context *ctx, void *graph);
+void kva_cuda_graph_destroy(kva_context *ctx, void *graph);
+
+/* CUDA-core path (simple_attention.cu) for what the tensor-core kernels do
+ * not cover: f32 Q/O, head dims other than 64/128/256. which = 0: the plan's
+ * decode requests, 1: its extend requests. Same semantics as the CPU backend. */
+kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                     const kva_attn_params *params, const void *q, void *o,
+                                     float *lse, kva_dtype dtype, int which);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVA_CUDA_INTERNAL_H */
