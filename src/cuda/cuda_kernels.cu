@@ -89,6 +89,7 @@ typedef struct {
   int hq, hkv, d, page_size;
   float sm_scale, softcap, k_scale, v_scale;
   int causal, window_left;
+  int which; /* 0: decode requests' tokens, 1: extend requests', 2: all */
 } simple_args;
 
 __global__ void __launch_bounds__(WARPS_PER_BLOCK * 32)
@@ -99,6 +100,8 @@ simple_attention_kernel(simple_args a) {
   if (warp >= (long long)total_q * a.hq) return;
   int tok = (int)(warp / a.hq), h = (int)(warp % a.hq);
   int r = a.q_req[tok];
+  int is_decode = a.num_new[r] <= KVA_MAX_DECODE_Q;
+  if ((a.which == 0 && !is_decode) || (a.which == 1 && is_decode)) return;
   int kv_len = a.cache_seqlens[r];
   int pos = kv_len - a.num_new[r] + (tok - a.cu_seqlens_q[r]);
   int kvh = h / (a.hq / a.hkv), d = a.d, ps = a.page_size;
@@ -148,7 +151,6 @@ simple_attention_kernel(simple_args a) {
 extern "C" kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                                 const kva_attn_params *params, const void *q,
                                                 void *o, float *lse, kva_dtype dtype, int which) {
-  (void)which; /* one launch covers decode and extend tokens alike */
   kva_cuda_plan *cp = kva_cuda_plan_of(plan);
   simple_args a;
   a.hdr = cp->d_hdr;
@@ -174,6 +176,7 @@ extern "C" kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *
   a.v_scale = pool->v_scale[layer];
   a.causal = params->causal != 0;
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
+  a.which = which;
   long long warps = (long long)plan->cfg.max_q_tokens * a.hq; /* capacity, not the batch */
   unsigned blocks = (unsigned)((warps + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK);
   simple_attention_kernel<<<blocks, WARPS_PER_BLOCK * 32, 0, kva_cuda_state_of(plan->ctx)->stream>>>(a);
@@ -181,8 +184,20 @@ extern "C" kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *
   return KVA_OK;
 }
 
+/* Decode requests: the split-KV kernel (decode.cu) where it applies, else
+ * the CUDA-core kernel; extend requests: the tensor-core kernel (extend.cu),
+ * which itself falls back to the CUDA-core kernel where it does not apply. Graph mode
+ * launches the decode path whatever the host counts say. */
 extern "C" kva_status kva_cuda_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                          const kva_attn_params *params, const void *q, void *o,
                                          float *lse, kva_dtype dtype) {
-  return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
+  kva_status st;
+  if (plan->num_decode > 0 || plan->graph_mode) {
+    st = kva_cuda_decode_attention(plan, pool, layer, params, q, o, lse, dtype);
+    if (st == KVA_ERR_UNSUPPORTED) st = kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
+    if (st != KVA_OK) return st;
+  }
+  if (plan->num_extend > 0 && !plan->graph_mode)
+    return kva_cuda_extend_attention(plan, pool, layer, params, q, o, lse, dtype);
+  return KVA_OK;
 }

@@ -75,7 +75,7 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
                                kva_cuda_state_of(plan->ctx)->stream));
   KVA_CUDA_TRY(cudaEventRecord(cp->upload_done, kva_cuda_state_of(plan->ctx)->stream));
   cp->upload_pending = 1;
-  return KVA_OK;
+  return kva_cuda_extend_plan_init(plan); /* the extend path's tile schedule */
 }
 
 kva_status kva_cuda_plan_upload(kva_plan *plan) {
@@ -103,12 +103,13 @@ kva_status kva_cuda_plan_upload(kva_plan *plan) {
   KVA_CUDA_TRY(cudaMemcpyAsync(cp->d_meta, h, (m.page_table + pt) * 4, cudaMemcpyHostToDevice, s));
   KVA_CUDA_TRY(cudaEventRecord(cp->upload_done, s));
   cp->upload_pending = 1;
-  return KVA_OK;
+  return kva_cuda_extend_plan(plan);
 }
 
 void kva_cuda_plan_free(kva_plan *plan) {
   kva_cuda_plan *cp = kva_cuda_plan_of(plan);
   if (!cp) return;
+  kva_cuda_extend_plan_free(plan);
   if (cp->upload_pending) cudaEventSynchronize(cp->upload_done);
   if (cp->upload_done) cudaEventDestroy(cp->upload_done);
   cudaFree(cp->d_meta);

@@ -1,0 +1,45 @@
+/* Host launcher of the extend kernels; included by extend_dN.cu, one head
+ * dim per translation unit so that the builds run in parallel. */
+#ifndef KVA_CUDA_EXTEND_LAUNCH_CUH
+#define KVA_CUDA_EXTEND_LAUNCH_CUH
+
+#include "cuda/extend_kernel.cuh"
+
+/* Host launcher of one instantiation: opts into its smem, sizes the
+ * persistent grid once (cached in *grid), launches. */
+template <int D, int QT, int KV8>
+static kva_status ext_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
+                             cudaStream_t stream) {
+  const int smem = KVA_EXT_SMEM(D, KV8);
+  if (*grid <= 0) {
+    KVA_CUDA_TRY(cudaFuncSetAttribute(kva_ext_kernel<D, QT, KV8>,
+                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    int per_sm = 0;
+    KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kva_ext_kernel<D, QT, KV8>,
+                                                               KVA_EXT_THREADS, (size_t)smem));
+    if (per_sm < 1)
+      return kva_set_error(KVA_ERR_DEVICE,
+                           "kva_attention: the extend kernel (head_dim %d) cannot be resident "
+                           "(%d bytes of shared memory)",
+                           D, smem);
+    *grid = num_sms * per_sm;
+  }
+  int g = *grid < max_items ? *grid : max_items;
+  if (g < 1) g = 1;
+  kva_ext_kernel<D, QT, KV8><<<g, KVA_EXT_THREADS, smem, stream>>>(*a);
+  KVA_CUDA_LAUNCH_CHECK("kva_ext_kernel");
+  return KVA_OK;
+}
+
+/* Body of kva_ext_launch_dN: picks the (Q type, fp8) instantiation. */
+#define KVA_EXT_DEFINE_LAUNCH(D)                                                             \
+  kva_status kva_ext_launch_d##D(const kva_ext_args *a, kva_dtype qt, int kv8, int num_sms,  \
+                                 int max_items, int grid_cache[4], cudaStream_t stream) {    \
+    if (qt == KVA_F16)                                                                       \
+      return kv8 ? ext_launch<D, KVA_F16, 1>(a, num_sms, max_items, &grid_cache[1], stream)  \
+                 : ext_launch<D, KVA_F16, 0>(a, num_sms, max_items, &grid_cache[0], stream); \
+    return kv8 ? ext_launch<D, KVA_BF16, 1>(a, num_sms, max_items, &grid_cache[3], stream)   \
+               : ext_launch<D, KVA_BF16, 0>(a, num_sms, max_items, &grid_cache[2], stream);  \
+  }
+
+#endif /* KVA_CUDA_EXTEND_LAUNCH_CUH */

@@ -1,0 +1,303 @@
+/* Extend (prefill) attention on Hopper wgmma: EXPERIMENTAL, head_dim 128,
+ * f16/bf16 Q with same-type KV (anything else keeps the mma.sync kernel).
+ *
+ * Same work items, tile schedule and paged cp.async gather as the mma.sync
+ * kernel (extend_kernel.cuh), but a CTA is 2 warpgroups of 64 query rows
+ * each and a key tile is 128 keys: S = Q K^T is 8 wgmma m64n128k16 with Q
+ * and K read from smem by descriptor (K-major, 128-byte swizzle), softmax
+ * runs on the accumulators, P stays in registers as the A operand of
+ * O += P V (8 wgmma, V MN-major through the descriptor's transpose). The
+ * 2-stage ring is synchronized with __syncthreads (no warp specialization,
+ * no mbarriers yet), so the two warpgroups run in step.
+ *
+ * Tiles are 128 rows of 256 bytes stored as two 64-column blocks of
+ * [128 rows][128 B], 16-byte chunks swizzled by row % 8 (Swizzle<3,4,3> on
+ * the byte address, so tiles sit at 1024-byte aligned addresses). */
+#ifndef KVA_CUDA_EXTEND_WGMMA_CUH
+#define KVA_CUDA_EXTEND_WGMMA_CUH
+
+#include "cuda/extend_kernel.cuh"
+
+#define KVA_WG_THREADS 256
+#define KVA_WG_BM 128
+#define KVA_WG_BN 128
+#define KVA_WG_TILE (128 * 256) /* bytes of a Q, K or V tile */
+/* 1 KB alignment slack, Q, 2 stages of (K, V), the item slots */
+#define KVA_WG_SMEM (1024 + KVA_WG_TILE + 2 * 2 * KVA_WG_TILE + KVA_EXT_ITEM_BYTES)
+#define KVA_WG_ORS 272 /* row stride of the (padded, unswizzled) O staging */
+
+/* Byte offset of 16-byte chunk c (0..15) of row `row` in a 128-row tile. */
+static __device__ __forceinline__ uint32_t wg_sw128(int row, int c) {
+  return (uint32_t)((c >> 3) * (128 * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle. K-major operands: rows
+ * at 128 B, 8-row groups at sbo = 1024, lbo unused. MN-major (V): 64-column
+ * blocks at lbo, 8-row (key) groups at sbo. */
+static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/* cp.async of one K and one V tile (128 keys) into the swizzled layout.
+ * Thread tid copies chunk tid % 16 of rows tid / 16 + 16 i; the slot of
+ * each row comes from lane 2 i + lane / 16, whose `pre` holds the slot of
+ * row 2 warp + lane % 2 + 16 (lane / 2). */
+static __device__ __forceinline__ void wg_issue_kv(uint32_t kdst, uint32_t vdst, int pre,
+                                                   const unsigned char *kg, const unsigned char *vg,
+                                                   int slot_elems, int tid) {
+  const int lane = tid & 31, c = tid & 15;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const int slot = __shfl_sync(0xffffffffu, pre, 2 * i + (lane >> 4));
+    const uint32_t dst = wg_sw128((tid >> 4) + 16 * i, c);
+    const int64_t off = (slot >= 0 ? (int64_t)slot * slot_elems : 0) * 2 + c * 16;
+    const int bytes = slot >= 0 ? 16 : 0;
+    kva_cp_async_16(kdst + dst, kg + off, bytes);
+    kva_cp_async_16(vdst + dst, vg + off, bytes);
+  }
+}
+
+static __device__ __forceinline__ void wg_issue_q(const kva_ext_args *a, uint32_t s_q, int q_row0,
+                                                  int n_valid, int h, int tid) {
+  const unsigned char *qg = (const unsigned char *)a->q;
+#pragma unroll 1
+  for (int i = 0; i < 8; i++) {
+    const int idx = tid + i * KVA_WG_THREADS, row = idx >> 4, c = idx & 15;
+    const int ok = row < n_valid;
+    const unsigned char *src =
+        ok ? qg + (((int64_t)(q_row0 + row) * a->hq + h) * 128) * 2 + c * 16 : qg;
+    kva_cp_async_16(s_q + wg_sw128(row, c), src, ok ? 16 : 0);
+  }
+}
+
+template <int QT>
+static __device__ __forceinline__ void wg_mma_ss(float d[64], uint64_t da, uint64_t db, int acc) {
+  if (QT == KVA_F16)
+    kva_wgmma_m64n128k16_ss_f16(d, da, db, acc);
+  else
+    kva_wgmma_m64n128k16_ss_bf16(d, da, db, acc);
+}
+template <int QT>
+static __device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4], uint64_t db) {
+  if (QT == KVA_F16)
+    kva_wgmma_m64n128k16_rs_f16_tb(d, a, db);
+  else
+    kva_wgmma_m64n128k16_rs_bf16_tb(d, a, db);
+}
+
+/* One key tile for this warpgroup's 64 rows. q_wg: its Q rows; k_s/v_s:
+ * the stage; p_w: position of this warp's first row. Accumulator element
+ * 4 j + e: row g + 8 (e >> 1) of the warp, column 8 j + 2 t + (e & 1). */
+template <int QT>
+static __device__ __forceinline__ void wg_step(float o[64], float m[2], float l[2], uint32_t q_wg,
+                                               uint32_t k_s, uint32_t v_s, int k0, int need_mask,
+                                               int p_w, int kv_len, int causal, int window_left,
+                                               float qk_mul, float cap_log2, int lane) {
+  float s[64];
+#pragma unroll
+  for (int i = 0; i < 64; i++) s[i] = 0.f;
+  kva_wgmma_fence();
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const uint32_t koff = (uint32_t)((j >> 2) * (128 * 128) + (j & 3) * 32);
+    wg_mma_ss<QT>(s, wg_desc(q_wg + koff, 16, 1024), wg_desc(k_s + koff, 16, 1024), j > 0);
+  }
+  kva_wgmma_commit();
+  kva_wgmma_wait<0>();
+
+  /* logits in log2 units are mul * s (see ext_step) */
+  float mul = qk_mul;
+  if (cap_log2 != 0.f) {
+    mul = 1.f;
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+      s[i] = cap_log2 * (1.f - 2.f * kva_rcp(1.f + kva_ex2(s[i] * qk_mul)));
+  }
+  if (need_mask) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      const int p = p_w + (lane >> 2) + hf * 8;
+      const int jhi = causal ? min(kv_len, p + 1) : kv_len;
+      const int jlo = window_left >= 0 ? p - window_left : INT_MIN;
+#pragma unroll
+      for (int j = 0; j < 16; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int key = k0 + j * 8 + 2 * (lane & 3) + e;
+          if (key >= jhi || key < jlo) s[4 * j + 2 * hf + e] = -INFINITY;
+        }
+    }
+  }
+
+  uint32_t pk[16][2];
+  float alpha[2];
+  int rescale = 0;
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < 16; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(m[hf], mx * mul);
+    const float m_use = mx == -INFINITY ? 0.f : mx;
+    alpha[hf] = kva_ex2(m[hf] - m_use);
+    rescale |= mx != m[hf];
+    m[hf] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m_use));
+      const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m_use));
+      sum += p0 + p1;
+      pk[j][hf] = ext_pack<QT>(p0, p1);
+    }
+    l[hf] = l[hf] * alpha[hf] + sum;
+  }
+  if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      o[4 * j] *= alpha[0];
+      o[4 * j + 1] *= alpha[0];
+      o[4 * j + 2] *= alpha[1];
+      o[4 * j + 3] *= alpha[1];
+    }
+  }
+
+  kva_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++) {
+    const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+    wg_mma_rs<QT>(o, pa, wg_desc(v_s + kk * 16 * 128, 128 * 128, 1024));
+  }
+  kva_wgmma_commit();
+  kva_wgmma_wait<0>();
+}
+
+template <int QT>
+__global__ void __launch_bounds__(KVA_WG_THREADS, 1)
+    kva_ext_wg_kernel(const __grid_constant__ kva_ext_args a) {
+  constexpr int D = 128, BM = KVA_WG_BM, BN = KVA_WG_BN, STG = 2 * KVA_WG_TILE;
+  static_assert(KVA_WG_BM == KVA_EXT_BM(128), "the tile schedule is shared with mma.sync");
+  static_assert(BM * KVA_WG_ORS <= STG, "O staging fits one stage");
+  extern __shared__ __align__(1024) unsigned char smem_wg[];
+  const uint32_t s_raw = kva_smem_u32(smem_wg);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
+  unsigned char *const p_base = smem_wg + (s_q - s_raw);
+  const uint32_t s_ring = s_q + KVA_WG_TILE;
+  volatile ext_item *const its = (volatile ext_item *)(p_base + KVA_WG_TILE + 2 * STG);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, row_w = 16 * warp; /* warpgroup; first tile row of the warp */
+  const int my_row = lane < 16 ? 2 * warp + (lane & 1) + 16 * (lane >> 1) : 0;
+
+  int pre = -1;
+  {
+    const ext_item x = ext_item_of<D, 0, BM, BN>(&a, 0);
+    if (tid == 0) ext_item_store(&its[0], x);
+    if (x.valid) wg_issue_q(&a, s_q, x.q_row0, x.n_valid, x.h, tid);
+    kva_cp_async_commit();
+  }
+  for (int round = 0;; round++) {
+    volatile ext_item *const it = &its[round & 1], *const nx = &its[(round & 1) ^ 1];
+    __syncthreads(); /* *it written; the previous round is done with smem */
+    if (!it->valid) break;
+    const int ntiles = it->ntiles;
+    if (!it->pref && ntiles > 0) {
+      pre = ext_slot(it->pt, it->kb + my_row, it->kv_len, a.page_size, a.ps_mul, a.ps_shift);
+      const uint32_t st = s_ring + it->base * STG;
+      wg_issue_kv(st, st + KVA_WG_TILE, pre, it->kg, it->vg, a.hkv * D, tid);
+      pre = ntiles > 1 ? ext_slot(it->pt, it->kb + BN + my_row, it->kv_len, a.page_size, a.ps_mul,
+                                  a.ps_shift)
+                       : -1;
+      kva_cp_async_commit();
+    }
+
+    float o[64], m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+
+    for (int n = 0; n < ntiles; n++) {
+      kva_cp_async_wait<0>();
+      kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
+      __syncthreads();
+      const int kb = it->kb, kv_len = it->kv_len, base = it->base;
+      {
+        const uint32_t st = s_ring + ((base + n + 1) & 1) * STG;
+        if (n + 1 < ntiles) {
+          wg_issue_kv(st, st + KVA_WG_TILE, pre, it->kg, it->vg, a.hkv * D, tid);
+          pre = n + 2 < ntiles ? ext_slot(it->pt, kb + (n + 2) * BN + my_row, kv_len, a.page_size,
+                                          a.ps_mul, a.ps_shift)
+                               : -1;
+        } else {
+          ext_item x = ext_item_of<D, 0, BM, BN>(&a, round + 1);
+          x.base = (base + n + 1) & 1;
+          if (x.ntiles > 0) {
+            x.pref = 1;
+            pre = ext_slot(x.pt, x.kb + my_row, x.kv_len, a.page_size, a.ps_mul, a.ps_shift);
+            wg_issue_kv(st, st + KVA_WG_TILE, pre, x.kg, x.vg, a.hkv * D, tid);
+            pre = x.ntiles > 1 ? ext_slot(x.pt, x.kb + BN + my_row, x.kv_len, a.page_size, a.ps_mul,
+                                          a.ps_shift)
+                               : -1;
+          }
+          if (tid == 0) ext_item_store(nx, x);
+        }
+        kva_cp_async_commit();
+      }
+      const uint32_t k_s = s_ring + ((base + n) & 1) * STG;
+      const int k0 = kb + n * BN;
+      /* a warpgroup skips a tile none of its rows can see */
+      const int p_lo = it->p_first + 64 * wg, p_hi = min(p_lo + 63, it->p_last);
+      if (k0 >= kv_len || (a.causal && k0 > p_hi) ||
+          (a.window_left >= 0 && k0 + BN - 1 < p_lo - a.window_left))
+        continue;
+      const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
+                            (a.window_left >= 0 && k0 < p_hi - a.window_left);
+      wg_step<QT>(o, m, l, s_q + 64 * wg * 128, k_s, k_s + KVA_WG_TILE, k0, need_mask,
+                  it->p_first + row_w, kv_len, a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+    }
+
+    if (ntiles == 0) {
+      kva_cp_async_wait<0>();
+      __syncthreads();
+      if (tid == 0) ext_item_store(nx, ext_item_of<D, 0, BM, BN>(&a, round + 1));
+    }
+    __syncthreads(); /* all warps are done with Q and the last stage; *nx written */
+    const uint32_t s_o = s_ring + (ntiles > 0 ? ((it->base + ntiles - 1) & 1) : 1) * STG;
+    if (nx->valid) wg_issue_q(&a, s_q, nx->q_row0, nx->n_valid, nx->h, tid);
+    kva_cp_async_commit();
+    unsigned char *const p_o = p_base + (s_o - s_q);
+    const int q_row0 = it->q_row0, n_valid = it->n_valid, qh = it->h, hq = a.hq;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      float sum = l[hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? a.o_mul / sum : 0.f;
+      const int row = row_w + (lane >> 2) + hf * 8;
+      if (a.lse != NULL && (lane & 3) == 0 && row < n_valid)
+        a.lse[(int64_t)(q_row0 + row) * hq + qh] =
+            sum > 0.f ? (m[hf] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 16; j++)
+        *(uint32_t *)(p_o + row * KVA_WG_ORS + j * 16 + (lane & 3) * 4) =
+            ext_pack<QT>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+    }
+    __syncwarp();
+    unsigned char *og = (unsigned char *)a.o;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const int idx = lane + i * 32, row = row_w + (idx >> 4), c = idx & 15;
+      if (row < n_valid) {
+        const uint4 v = *(const uint4 *)(p_o + row * KVA_WG_ORS + c * 16);
+        *(uint4 *)(og + (((int64_t)(q_row0 + row) * hq + qh) * D) * 2 + c * 16) = v;
+      }
+    }
+  }
+  kva_cp_async_wait<0>();
+}
+
+#endif /* KVA_CUDA_EXTEND_WGMMA_CUH */

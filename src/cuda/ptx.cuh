@@ -1,0 +1,199 @@
+/* Inline PTX used by the CUDA kernels (sm_90a): cp.async, ldmatrix,
+ * mma.sync, conversions, fast math, and (last) the wgmma/async-proxy
+ * helpers. Each wrapper is one instruction (or a short fixed sequence) so the
+ * kernels read as plain C. Shared-memory operands are 32-bit shared-window
+ * addresses (kva_smem_u32). Add new helpers at the end. */
+#ifndef KVA_CUDA_PTX_CUH
+#define KVA_CUDA_PTX_CUH
+
+#include <stdint.h>
+
+/* ---- addresses ----------------------------------------------------------- */
+
+static __device__ __forceinline__ uint32_t kva_smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* %tid.x re-read (volatile): keeps values derived from it from being hoisted
+ * and held in registers across a loop. */
+static __device__ __forceinline__ uint32_t kva_tid_x_volatile(void) {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+  return t;
+}
+
+/* ---- cp.async (sm_80+) ---------------------------------------------------- */
+
+/* 16 bytes global -> shared, L1 bypass. src_bytes 0 zero-fills the 16 bytes
+ * without reading (src must still be a valid address). */
+static __device__ __forceinline__ void kva_cp_async_16(uint32_t dst, const void *src,
+                                                       int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void kva_cp_async_commit(void) {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+/* Waits until at most N of this thread's committed groups are pending. */
+template <int N>
+static __device__ __forceinline__ void kva_cp_async_wait(void) {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- ldmatrix / mma.sync -------------------------------------------------- */
+
+/* Four 8x8 b16 matrices; lanes 8i..8i+7 give the row addresses of matrix i,
+ * lane t receives row t/4, elements 2(t%4), 2(t%4)+1 of each (r[i]). */
+static __device__ __forceinline__ void kva_ldmatrix_x4(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/* Same, transposed: lane t receives rows 2(t%4), 2(t%4)+1 of column t/4. */
+static __device__ __forceinline__ void kva_ldmatrix_x4_trans(uint32_t r[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+/* c += A (16x16, row) * B (16x8, col), f32 accumulate. */
+static __device__ __forceinline__ void kva_mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
+                                                   uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+static __device__ __forceinline__ void kva_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+/* (lo, hi) -> packed pair, round to nearest even; lo in the low half. */
+static __device__ __forceinline__ uint32_t kva_pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+static __device__ __forceinline__ uint32_t kva_pack_bf16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+/* Two fp8 e4m3 (low byte first) -> f16x2 (exact). */
+static __device__ __forceinline__ uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
+  return r;
+}
+/* f16x2 -> bf16x2 through f32 (exact for values from e4m3). */
+static __device__ __forceinline__ uint32_t kva_f16x2_to_bf16x2(uint32_t h) {
+  uint32_t r;
+  asm("{\n.reg .f16 lo, hi;\n.reg .f32 flo, fhi;\nmov.b32 {lo, hi}, %1;\n"
+      "cvt.f32.f16 flo, lo;\ncvt.f32.f16 fhi, hi;\ncvt.rn.bf16x2.f32 %0, fhi, flo;\n}\n"
+      : "=r"(r)
+      : "r"(h));
+  return r;
+}
+
+/* ---- fast math ------------------------------------------------------------ */
+
+/* 2^x (relative error ~2^-22; -inf -> +0). */
+static __device__ __forceinline__ float kva_ex2(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+/* 1/x (inf -> 0). */
+static __device__ __forceinline__ float kva_rcp(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+/* ---- wgmma and the async proxy (sm_90a) ----------------------------------- */
+
+static __device__ __forceinline__ void kva_wgmma_fence(void) {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+static __device__ __forceinline__ void kva_wgmma_commit(void) {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N>
+static __device__ __forceinline__ void kva_wgmma_wait(void) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/* Makes this thread's generic-proxy shared writes (st.shared, cp.async)
+ * visible to the async proxy (wgmma operands). */
+static __device__ __forceinline__ void kva_fence_proxy_async_smem(void) {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+#define KVA_WGMMA_D64                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define KVA_WGMMA_OUT64(d)                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),  \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),  \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),  \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),  \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+
+/* D (64x128 f32 per warpgroup; warp w holds rows 16w.., element 4j+e at row
+ * g + 8(e>>1), column 8j + 2t + (e&1)) = A (64x16, smem descriptor, K-major)
+ * * B (16x128, smem descriptor, K-major) + (scale_d ? D : 0). */
+static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t desc_a,
+                                                                    uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KVA_WGMMA_D64
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT64(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t desc_a,
+                                                                   uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KVA_WGMMA_D64
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT64(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+/* D += A (64x16 from registers, mma.sync A-fragment layout per warp) * B
+ * (16x128, smem descriptor, MN-major: transposed). */
+static __device__ __forceinline__ void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64],
+                                                                       const uint32_t a[4],
+                                                                       uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KVA_WGMMA_D64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : KVA_WGMMA_OUT64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n128k16_rs_f16_tb(float d[64],
+                                                                      const uint32_t a[4],
+                                                                      uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KVA_WGMMA_D64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : KVA_WGMMA_OUT64(d)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+#endif /* KVA_CUDA_PTX_CUH */

@@ -1,0 +1,27 @@
+/* emulated PTX helpers (test-only) */
+#pragma once
+#include "emu_cuda.h"
+uint32_t kva_smem_u32(const void *p);
+void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes);
+void kva_cp_async_commit(void);
+void emu_cp_async_wait(int n);
+template <int N> static inline void kva_cp_async_wait(void) { emu_cp_async_wait(N); }
+void kva_ldmatrix_x4(uint32_t r[4], uint32_t a);
+void kva_ldmatrix_x4_trans(uint32_t r[4], uint32_t a);
+void kva_mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+void kva_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
+uint32_t kva_pack_f16x2(float lo, float hi);
+uint32_t kva_pack_bf16x2(float lo, float hi);
+static inline float kva_ex2(float x) { return exp2f(x); }
+static inline float kva_rcp(float x) { return 1.0f / x; }
+uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x);
+uint32_t kva_f16x2_to_bf16x2(uint32_t h);
+uint32_t kva_tid_x_volatile(void);
+static inline void kva_wgmma_fence(void) {}
+static inline void kva_wgmma_commit(void) {}
+template <int N> static inline void kva_wgmma_wait(void) {}
+static inline void kva_fence_proxy_async_smem(void) {}
+void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d);
+void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d);
+void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db);
+void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db);

@@ -1,0 +1,38 @@
+/* Host emulation of the CUDA features the extend kernel uses: 128 coroutine
+ * threads per CTA, warp collectives computed when all 32 lanes arrived,
+ * __syncthreads as a CTA barrier, cp.async copies that land only at
+ * cp.async.wait_group. Test-only. */
+#pragma once
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+#include <vector>
+
+#define __launch_bounds__(...)
+#define __log2f emu_log2f
+static inline float emu_log2f(float x) { return log2f(x); }
+
+extern unsigned char smem[];
+#define smem_wg smem
+extern dim3 emu_blockIdx, emu_gridDim;
+#define blockIdx emu_blockIdx
+#define gridDim emu_gridDim
+dim3 &emu_threadIdx();
+#define threadIdx emu_threadIdx()
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+static inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((uint64_t)a * b) >> 32); }
+
+void __syncthreads();
+void __syncwarp();
+int __shfl_sync(unsigned mask, int v, int src);
+float __shfl_sync(unsigned mask, float v, int src);
+int __shfl_xor_sync(unsigned mask, int v, int m);
+float __shfl_xor_sync(unsigned mask, float v, int m);
+int __any_sync(unsigned mask, int pred);

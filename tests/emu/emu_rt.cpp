@@ -1,0 +1,375 @@
+/* Host emulation runtime for the extend kernel (test-only). */
+#include "emu_cuda.h"
+#include "cuda/ptx.cuh"
+extern "C" {
+#include "core/dtype.h"
+}
+
+unsigned char smem[256 * 1024] __attribute__((aligned(1024)));
+size_t emu_smem_limit = sizeof(smem);
+dim3 emu_blockIdx, emu_gridDim;
+
+enum { NTH_MAX = 256 };
+static int NTH = 128;
+struct Copy {
+  uint32_t dst;
+  const unsigned char *src;
+  int bytes;
+};
+struct Th {
+  ucontext_t ctx;
+  dim3 idx;
+  int state; /* 0 runnable, 1 collective, 2 barrier, 3 done */
+  std::vector<std::vector<Copy>> groups;
+  std::vector<Copy> open;
+  std::vector<char> stack;
+};
+static Th th[NTH_MAX];
+static int cur;
+static ucontext_t sched_ctx;
+static int bar_count;
+long emu_bank_conflicts, emu_ldsm_count;
+
+dim3 &emu_threadIdx() { return th[cur].idx; }
+
+enum { OP_LDM = 1, OP_LDMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW, OP_WG, OP_ANY };
+struct Warp {
+  int op, count;
+  uint32_t in[32][80];
+  uint32_t out[32][64];
+};
+static Warp warps[NTH_MAX / 32];
+
+static void yield_() { swapcontext(&th[cur].ctx, &sched_ctx); }
+
+static float h2f(uint16_t h, int bf) { return bf ? kva_bf16_to_f32(h) : kva_f16_to_f32(h); }
+
+static void check_smem(uint32_t a, int bytes) {
+  if ((size_t)a + bytes > emu_smem_limit) {
+    fprintf(stderr, "smem access at %u + %d beyond the %zu bytes launched\n", a, bytes,
+            emu_smem_limit);
+    abort();
+  }
+}
+
+static void compute(Warp &W) {
+  switch (W.op) {
+    case OP_LDM:
+    case OP_LDMT:
+      for (int i = 0; i < 4; i++) { /* bank check: one phase per matrix */
+        int seen[8] = {0};
+        emu_ldsm_count++;
+        for (int r = 0; r < 8; r++) {
+          uint32_t a = W.in[8 * i + r][0];
+          if (a & 15) { fprintf(stderr, "ldmatrix row address %u not 16-byte aligned\n", a); abort(); }
+          check_smem(a, 16);
+          int g = (a / 16) % 8;
+          if (seen[g]++) emu_bank_conflicts++;
+        }
+      }
+      for (int t = 0; t < 32; t++)
+        for (int i = 0; i < 4; i++) {
+          if (W.op == OP_LDM) {
+            uint32_t a = W.in[8 * i + (t >> 2)][0] + (t & 3) * 4;
+            memcpy(&W.out[t][i], smem + a, 4);
+          } else {
+            uint32_t ra = W.in[8 * i + 2 * (t & 3)][0] + (t >> 2) * 2;
+            uint32_t rb = W.in[8 * i + 2 * (t & 3) + 1][0] + (t >> 2) * 2;
+            uint16_t lo, hi;
+            memcpy(&lo, smem + ra, 2);
+            memcpy(&hi, smem + rb, 2);
+            W.out[t][i] = lo | ((uint32_t)hi << 16);
+          }
+        }
+      break;
+    case OP_MMA_F16:
+    case OP_MMA_BF16: {
+      int bf = W.op == OP_MMA_BF16;
+      float A[16][16], B[16][8], C[16][8];
+      for (int t = 0; t < 32; t++) {
+        int g = t >> 2, q = t & 3;
+        const uint32_t *r = W.in[t];
+        A[g][2 * q] = h2f(r[0] & 0xffff, bf); A[g][2 * q + 1] = h2f(r[0] >> 16, bf);
+        A[g + 8][2 * q] = h2f(r[1] & 0xffff, bf); A[g + 8][2 * q + 1] = h2f(r[1] >> 16, bf);
+        A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
+        A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
+        B[2 * q][g] = h2f(r[4] & 0xffff, bf); B[2 * q + 1][g] = h2f(r[4] >> 16, bf);
+        B[2 * q + 8][g] = h2f(r[5] & 0xffff, bf); B[2 * q + 9][g] = h2f(r[5] >> 16, bf);
+        float c[4];
+        memcpy(c, &r[6], 16);
+        C[g][2 * q] = c[0]; C[g][2 * q + 1] = c[1]; C[g + 8][2 * q] = c[2]; C[g + 8][2 * q + 1] = c[3];
+      }
+      float Dm[16][8];
+      for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+          float s = C[i][j];
+          for (int k = 0; k < 16; k++) s += A[i][k] * B[k][j];
+          Dm[i][j] = s;
+        }
+      for (int t = 0; t < 32; t++) {
+        int g = t >> 2, q = t & 3;
+        float c[4] = {Dm[g][2 * q], Dm[g][2 * q + 1], Dm[g + 8][2 * q], Dm[g + 8][2 * q + 1]};
+        memcpy(W.out[t], c, 16);
+      }
+      break;
+    }
+    case OP_SHFL:
+      for (int t = 0; t < 32; t++) W.out[t][0] = W.in[W.in[t][1] & 31][0];
+      break;
+    case OP_SHFLX:
+      for (int t = 0; t < 32; t++) W.out[t][0] = W.in[(t ^ W.in[t][1]) & 31][0];
+      break;
+    case OP_SYNCW:
+      break;
+    case OP_ANY: {
+      uint32_t any = 0;
+      for (int t = 0; t < 32; t++) any |= W.in[t][0] != 0;
+      for (int t = 0; t < 32; t++) W.out[t][0] = any;
+      break;
+    }
+    case OP_WG: {
+      /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
+       * bit0 bf16, bit1 A from registers, bit2 scale_d; 73 warp in group */
+      const uint32_t fl = W.in[0][72];
+      const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)W.in[0][73];
+      for (int t = 1; t < 32; t++)
+        if (W.in[t][72] != fl || W.in[t][68] != W.in[0][68] || W.in[t][70] != W.in[0][70] ||
+            W.in[t][71] != W.in[0][71]) { fprintf(stderr, "wgmma operands differ across lanes\n"); abort(); }
+      uint64_t da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
+      uint64_t db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
+      auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
+      auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
+      auto rd = [&](uint32_t a) { check_smem(a, 2); uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
+      if ((db >> 62) != 1 || (!rs && (da >> 62) != 1)) { fprintf(stderr, "wgmma: not 128B swizzle\n"); abort(); }
+      float A[16][16], B[16][128];
+      if (rs) {
+        for (int t = 0; t < 32; t++) {
+          int g = t >> 2, q = t & 3;
+          const uint32_t *r = &W.in[t][64];
+          A[g][2 * q] = h2f(r[0] & 0xffff, bf); A[g][2 * q + 1] = h2f(r[0] >> 16, bf);
+          A[g + 8][2 * q] = h2f(r[1] & 0xffff, bf); A[g + 8][2 * q + 1] = h2f(r[1] >> 16, bf);
+          A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
+          A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
+        }
+      } else { /* K-major A: row r of the 64-row tile, this warp's rows 16 wq.. */
+        uint32_t st = field(da, 0), sbo = field(da, 32);
+        for (int i = 0; i < 16; i++) {
+          int r = 16 * wq + i;
+          for (int k = 0; k < 16; k++) A[i][k] = rd(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+        }
+      }
+      {
+        uint32_t st = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
+        for (int k = 0; k < 16; k++)
+          for (int n = 0; n < 128; n++) {
+            uint32_t a = rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128 /* MN-major (transposed) */
+                            : st + (n / 8) * sbo + (n % 8) * 128 + k * 2;                         /* K-major */
+            B[k][n] = rd(swz(a));
+          }
+      }
+      for (int t = 0; t < 32; t++) {
+        int g = t >> 2, q = t & 3;
+        for (int j = 0; j < 16; j++)
+          for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * j + 2 * q + (e & 1);
+            float acc;
+            memcpy(&acc, &W.in[t][4 * j + e], 4);
+            float sum = scale_d ? acc : 0.f;
+            for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+            memcpy(&W.out[t][4 * j + e], &sum, 4);
+          }
+      }
+      break;
+    }
+  }
+}
+
+static void collective(int op) {
+  int w = cur / 32;
+  Warp &W = warps[w];
+  if (W.count == 0)
+    W.op = op;
+  else if (W.op != op) {
+    fprintf(stderr, "warp %d: lanes at different collectives (%d vs %d)\n", w, W.op, op);
+    abort();
+  }
+  if (++W.count == 32) {
+    compute(W);
+    W.count = 0;
+    for (int l = 0; l < 32; l++)
+      if (th[w * 32 + l].state == 1) th[w * 32 + l].state = 0;
+  } else {
+    th[cur].state = 1;
+    yield_();
+  }
+}
+
+static uint32_t lane() { return (uint32_t)cur & 31; }
+
+void __syncthreads() {
+  if (++bar_count == NTH) {
+    bar_count = 0;
+    for (int t = 0; t < NTH; t++)
+      if (th[t].state == 2) th[t].state = 0;
+  } else {
+    th[cur].state = 2;
+    yield_();
+  }
+}
+void __syncwarp() { collective(OP_SYNCW); }
+
+static uint32_t shfl(uint32_t v, uint32_t s, int op) {
+  Warp &W = warps[cur / 32];
+  W.in[lane()][0] = v;
+  W.in[lane()][1] = s;
+  collective(op);
+  return W.out[lane()][0];
+}
+int __shfl_sync(unsigned, int v, int src) { return (int)shfl((uint32_t)v, (uint32_t)src, OP_SHFL); }
+float __shfl_sync(unsigned, float v, int src) {
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  b = shfl(b, (uint32_t)src, OP_SHFL);
+  memcpy(&v, &b, 4);
+  return v;
+}
+int __shfl_xor_sync(unsigned, int v, int m) { return (int)shfl((uint32_t)v, (uint32_t)m, OP_SHFLX); }
+float __shfl_xor_sync(unsigned, float v, int m) {
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  b = shfl(b, (uint32_t)m, OP_SHFLX);
+  memcpy(&v, &b, 4);
+  return v;
+}
+
+int __any_sync(unsigned, int pred) { return (int)shfl((uint32_t)(pred != 0), 0, OP_ANY); }
+
+uint32_t kva_smem_u32(const void *p) { return (uint32_t)((const unsigned char *)p - smem); }
+
+void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes) {
+  if (dst & 15) { fprintf(stderr, "cp.async smem dst %u not 16-byte aligned\n", dst); abort(); }
+  if (src_bytes != 0 && src_bytes != 16) { fprintf(stderr, "cp.async src-size %d\n", src_bytes); abort(); }
+  if (src_bytes && ((uintptr_t)src & 15)) { fprintf(stderr, "cp.async global src not 16-byte aligned\n"); abort(); }
+  check_smem(dst, 16);
+  memset(smem + dst, 0xff, 16); /* NaN until the copy lands at its wait */
+  th[cur].open.push_back(Copy{dst, (const unsigned char *)src, src_bytes});
+}
+void kva_cp_async_commit(void) {
+  th[cur].groups.push_back(th[cur].open);
+  th[cur].open.clear();
+}
+void emu_cp_async_wait(int n) {
+  Th &t = th[cur];
+  while ((int)t.groups.size() > n) {
+    for (const Copy &c : t.groups.front()) {
+      memset(smem + c.dst, 0, 16);
+      if (c.bytes) memcpy(smem + c.dst, c.src, (size_t)c.bytes);
+    }
+    t.groups.erase(t.groups.begin());
+  }
+}
+
+void kva_ldmatrix_x4(uint32_t r[4], uint32_t a) {
+  Warp &W = warps[cur / 32];
+  W.in[lane()][0] = a;
+  collective(OP_LDM);
+  memcpy(r, W.out[lane()], 16);
+}
+void kva_ldmatrix_x4_trans(uint32_t r[4], uint32_t a) {
+  Warp &W = warps[cur / 32];
+  W.in[lane()][0] = a;
+  collective(OP_LDMT);
+  memcpy(r, W.out[lane()], 16);
+}
+static void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int op) {
+  Warp &W = warps[cur / 32];
+  uint32_t *in = W.in[lane()];
+  memcpy(in, a, 16);
+  in[4] = b0;
+  in[5] = b1;
+  memcpy(&in[6], c, 16);
+  collective(op);
+  memcpy(c, W.out[lane()], 16);
+}
+void kva_mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { mma(c, a, b0, b1, OP_MMA_F16); }
+void kva_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) { mma(c, a, b0, b1, OP_MMA_BF16); }
+uint32_t kva_pack_f16x2(float lo, float hi) { return kva_f32_to_f16(lo) | ((uint32_t)kva_f32_to_f16(hi) << 16); }
+uint32_t kva_pack_bf16x2(float lo, float hi) { return kva_f32_to_bf16(lo) | ((uint32_t)kva_f32_to_bf16(hi) << 16); }
+uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x) {
+  return kva_f32_to_f16(kva_fp8e4m3_to_f32(x & 0xff)) |
+         ((uint32_t)kva_f32_to_f16(kva_fp8e4m3_to_f32(x >> 8)) << 16);
+}
+uint32_t kva_f16x2_to_bf16x2(uint32_t h) {
+  return kva_f32_to_bf16(kva_f16_to_f32(h & 0xffff)) |
+         ((uint32_t)kva_f32_to_bf16(kva_f16_to_f32(h >> 16)) << 16);
+}
+uint32_t kva_tid_x_volatile(void) { return th[cur].idx.x; }
+
+/* ---- CTA runner ---- */
+static void (*g_body)(void);
+static void entry() {
+  g_body();
+  if (!th[cur].groups.empty() || !th[cur].open.empty()) {
+    /* legal on hardware but the kernel is meant to drain its copies */
+    fprintf(stderr, "thread %d exits with cp.async groups pending\n", cur);
+    abort();
+  }
+  th[cur].state = 3;
+}
+
+void emu_run_grid(void (*body)(void), int grid, int nthreads) {
+  g_body = body;
+  NTH = nthreads;
+  emu_gridDim = dim3(grid, 1, 1);
+  for (int b = 0; b < grid; b++) {
+    emu_blockIdx = dim3(b, 1, 1);
+    memset(smem, 0xff, sizeof smem); /* garbage */
+    bar_count = 0;
+    for (int w = 0; w < NTH / 32; w++) warps[w].count = 0;
+    for (int t = 0; t < NTH; t++) {
+      th[t].stack.assign(1 << 18, 0);
+      getcontext(&th[t].ctx);
+      th[t].ctx.uc_stack.ss_sp = th[t].stack.data();
+      th[t].ctx.uc_stack.ss_size = th[t].stack.size();
+      th[t].ctx.uc_link = &sched_ctx;
+      makecontext(&th[t].ctx, entry, 0);
+      th[t].idx = dim3(t, 0, 0);
+      th[t].state = 0;
+      th[t].groups.clear();
+      th[t].open.clear();
+    }
+    for (;;) {
+      int progress = 0, done = 0;
+      for (int t = 0; t < NTH; t++) {
+        if (th[t].state == 3) { done++; continue; }
+        if (th[t].state != 0) continue;
+        cur = t;
+        swapcontext(&sched_ctx, &th[t].ctx);
+        progress = 1;
+      }
+      if (done == NTH) break;
+      if (!progress) {
+        fprintf(stderr, "deadlock in CTA %d (barrier count %d)\n", b, bar_count);
+        abort();
+      }
+    }
+  }
+}
+
+/* wgmma: each warp computes its 16 rows of the warpgroup's 64 (no async) */
+static void wgmma(float d[64], const uint32_t *a, uint64_t da, uint64_t db, uint32_t flags) {
+  Warp &W = warps[cur / 32];
+  uint32_t *in = W.in[lane()];
+  memcpy(in, d, 256);
+  if (a) memcpy(&in[64], a, 16);
+  in[68] = (uint32_t)da; in[69] = (uint32_t)(da >> 32);
+  in[70] = (uint32_t)db; in[71] = (uint32_t)(db >> 32);
+  in[72] = flags;
+  in[73] = (uint32_t)((cur / 32) & 3);
+  collective(OP_WG);
+  memcpy(d, W.out[lane()], 256);
+}
+void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d) { wgmma(d, NULL, da, db, 1u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d) { wgmma(d, NULL, da, db, scale_d ? 4u : 0u); }
+void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wgmma(d, a, 0, db, 1u | 2u | 4u); }
+void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wgmma(d, a, 0, db, 2u | 4u); }
