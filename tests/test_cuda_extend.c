@@ -155,8 +155,9 @@ static void run_case(kva_context *ctx, const ext_case *c) {
       kva_ref_attention(R, cached, fresh, c->hq, c->hkv, c->d, &prm, qf, (const float *const *)kr,
                         (const float *const *)vr, ro, rl);
       for (size_t i = 0; i < (size_t)total_q * qrow; i++) of[i] = kva_load_f32(oh, i, c->qt);
-      /* bf16 keeps 8 mantissa bits, f16 11: output rounding plus P rounding */
-      double tol = c->qt == KVA_BF16 ? 8e-3 : 1.5e-3;
+      /* bf16 keeps 8 mantissa bits, f16 11: O and P rounding give ~2e-3 and
+       * ~3e-4 (host emulation of the kernels), so 3x that */
+      double tol = c->qt == KVA_BF16 ? 6e-3 : 1e-3;
       double rel = kva_ref_rel_error(ro, of, (size_t)total_q * qrow);
       CHECK(rel < tol, "%s: O relative error %.3g (tolerance %.1g)", c->name, rel, tol);
       if (c->with_lse) {

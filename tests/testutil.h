@@ -31,11 +31,12 @@ extern int tu_checks, tu_failures;
 /* Prints "N passed, N failed" and returns the exit code. */
 int tu_summary(const char *name);
 
-/* splitmix64 */
-typedef struct { uint64_t s; } tu_rng;
-uint64_t tu_next(tu_rng *r);
-int tu_int(tu_rng *r, int lo, int hi);   /* inclusive */
-float tu_uniform(tu_rng *r);             /* [-1, 1) */
-double tu_normal(tu_rng *r);
+/* random numbers: src/ref/rng.h */
+#include "ref/rng.h"
+typedef kva_rng tu_rng;
+#define tu_next kva_rng_next
+#define tu_int kva_rng_int
+#define tu_uniform kva_rng_uniform
+#define tu_normal kva_rng_normal
 
 #endif

@@ -7,20 +7,6 @@
 
 #include "core/dtype.h"
 
-uint64_t cli_next(cli_rng *r) {
-  uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-int cli_int(cli_rng *r, int lo, int hi) { return lo + (int)(cli_next(r) % (uint64_t)(hi - lo + 1)); }
-float cli_uniform(cli_rng *r) { return (float)((cli_next(r) >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f; }
-double cli_normal(cli_rng *r) {
-  double u1 = ((cli_next(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
-  double u2 = (cli_next(r) >> 11) * (1.0 / 9007199254740992.0);
-  return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
-}
-
 double cli_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

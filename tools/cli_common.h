@@ -11,12 +11,13 @@ int cli_check(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_demo(int argc, char **argv);
 
-/* splitmix64 random numbers */
-typedef struct { uint64_t s; } cli_rng;
-uint64_t cli_next(cli_rng *r);
-int cli_int(cli_rng *r, int lo, int hi); /* inclusive */
-float cli_uniform(cli_rng *r);           /* [-1, 1) */
-double cli_normal(cli_rng *r);
+/* random numbers: src/ref/rng.h */
+#include "ref/rng.h"
+typedef kva_rng cli_rng;
+#define cli_next kva_rng_next
+#define cli_int kva_rng_int
+#define cli_uniform kva_rng_uniform
+#define cli_normal kva_rng_normal
 
 double cli_now(void); /* seconds, monotonic */
 int cli_parse_device(const char *s, kva_device *out);

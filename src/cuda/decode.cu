@@ -39,6 +39,17 @@ __device__ __forceinline__ float fp8_to_f32(uint32_t b) {
   return (b & 0x80u) ? -f : f;
 }
 
+/* two 16-bit KV elements packed in a word, as f32 */
+__device__ __forceinline__ void cvt2(uint32_t w, kva_dtype t, float *out) {
+  if (t == KVA_BF16) {
+    out[0] = __uint_as_float(w << 16);
+    out[1] = __uint_as_float(w & 0xffff0000u);
+  } else {
+    out[0] = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+    out[1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+  }
+}
+
 /* 8 consecutive KV elements as f32 */
 __device__ __forceinline__ void load8(const void *base, size_t elem, kva_dtype t, float *out) {
   if (t == KVA_FP8_E4M3) {
@@ -49,17 +60,10 @@ __device__ __forceinline__ void load8(const void *base, size_t elem, kva_dtype t
     for (int i = 0; i < 4; i++) out[4 + i] = fp8_to_f32((u.y >> (8 * i)) & 0xffu);
   } else {
     uint4 u = *(const uint4 *)((const uint16_t *)base + elem);
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      if (t == KVA_BF16) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      } else {
-        out[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
-        out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-      }
-    }
+    cvt2(u.x, t, out);
+    cvt2(u.y, t, out + 2);
+    cvt2(u.z, t, out + 4);
+    cvt2(u.w, t, out + 6);
   }
 }
 
@@ -71,17 +75,8 @@ __device__ __forceinline__ void load4(const void *base, size_t elem, kva_dtype t
     for (int i = 0; i < 4; i++) out[i] = fp8_to_f32((u >> (8 * i)) & 0xffu);
   } else {
     uint2 u = *(const uint2 *)((const uint16_t *)base + elem);
-    uint32_t w[2] = {u.x, u.y};
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      if (t == KVA_BF16) {
-        out[2 * i] = __uint_as_float(w[i] << 16);
-        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-      } else {
-        out[2 * i] = __half2float(__ushort_as_half((unsigned short)(w[i] & 0xffffu)));
-        out[2 * i + 1] = __half2float(__ushort_as_half((unsigned short)(w[i] >> 16)));
-      }
-    }
+    cvt2(u.x, t, out);
+    cvt2(u.y, t, out + 2);
   }
 }
 

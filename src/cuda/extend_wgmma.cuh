@@ -6,9 +6,13 @@
  * each and a key tile is 128 keys: S = Q K^T is 8 wgmma m64n128k16 with Q
  * and K read from smem by descriptor (K-major, 128-byte swizzle), softmax
  * runs on the accumulators, P stays in registers as the A operand of
- * O += P V (8 wgmma, V MN-major through the descriptor's transpose). The
- * 2-stage ring is synchronized with __syncthreads (no warp specialization,
- * no mbarriers yet), so the two warpgroups run in step.
+ * O += P V (8 wgmma, V MN-major through the descriptor's transpose).
+ *
+ * Overlap (FA3's intra-warpgroup pipelining): tile n issues S_n and then
+ * P_{n-1} V_{n-1}, waits for S_n only, and runs its softmax while the tensor
+ * cores still do P_{n-1} V_{n-1}; O is rescaled after that completes. V of
+ * tile n-1 is thus read during tile n, hence 3 ring stages. The ring is
+ * synchronized with __syncthreads (no warp specialization, no mbarriers).
  *
  * Tiles are 128 rows of 256 bytes stored as two 64-column blocks of
  * [128 rows][128 B], 16-byte chunks swizzled by row % 8 (Swizzle<3,4,3> on
@@ -22,8 +26,10 @@
 #define KVA_WG_BM 128
 #define KVA_WG_BN 128
 #define KVA_WG_TILE (128 * 256) /* bytes of a Q, K or V tile */
-/* 1 KB alignment slack, Q, 2 stages of (K, V), the item slots */
-#define KVA_WG_SMEM (1024 + KVA_WG_TILE + 2 * 2 * KVA_WG_TILE + KVA_EXT_ITEM_BYTES)
+#define KVA_WG_STAGES 3
+/* 1 KB alignment slack, Q, 3 stages of (K, V), the item slots: 230656 B */
+#define KVA_WG_SMEM \
+  (1024 + KVA_WG_TILE + KVA_WG_STAGES * 2 * KVA_WG_TILE + KVA_EXT_ITEM_BYTES)
 #define KVA_WG_ORS 272 /* row stride of the (padded, unswizzled) O staging */
 
 /* Byte offset of 16-byte chunk c (0..15) of row `row` in a 128-row tile. */
@@ -86,15 +92,11 @@ static __device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4
     kva_wgmma_m64n128k16_rs_bf16_tb(d, a, db);
 }
 
-/* One key tile for this warpgroup's 64 rows. q_wg: its Q rows; k_s/v_s:
- * the stage; p_w: position of this warp's first row. Accumulator element
- * 4 j + e: row g + 8 (e >> 1) of the warp, column 8 j + 2 t + (e & 1). */
+/* S = Q K^T for this warpgroup's 64 rows (issued, committed, not waited).
+ * Accumulator element 4 j + e: row g + 8 (e >> 1) of the warp, column
+ * 8 j + 2 t + (e & 1). */
 template <int QT>
-static __device__ __forceinline__ void wg_step(float o[64], float m[2], float l[2], uint32_t q_wg,
-                                               uint32_t k_s, uint32_t v_s, int k0, int need_mask,
-                                               int p_w, int kv_len, int causal, int window_left,
-                                               float qk_mul, float cap_log2, int lane) {
-  float s[64];
+static __device__ __forceinline__ void wg_issue_s(float s[64], uint32_t q_wg, uint32_t k_s) {
 #pragma unroll
   for (int i = 0; i < 64; i++) s[i] = 0.f;
   kva_wgmma_fence();
@@ -104,8 +106,31 @@ static __device__ __forceinline__ void wg_step(float o[64], float m[2], float l[
     wg_mma_ss<QT>(s, wg_desc(q_wg + koff, 16, 1024), wg_desc(k_s + koff, 16, 1024), j > 0);
   }
   kva_wgmma_commit();
-  kva_wgmma_wait<0>();
+}
 
+/* O += P V for one key tile (issued, committed, not waited). */
+template <int QT>
+static __device__ __forceinline__ void wg_issue_pv(float o[64], const uint32_t pk[16][2],
+                                                   uint32_t v_s) {
+  kva_wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < 8; kk++) {
+    const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
+    wg_mma_rs<QT>(o, pa, wg_desc(v_s + kk * 16 * 128, 128 * 128, 1024));
+  }
+  kva_wgmma_commit();
+}
+
+/* Scale or soft-cap, mask and online softmax of S (valid, fenced) into P;
+ * returns whether some row of the warp got a new maximum (then O must be
+ * multiplied by alpha once the previous P V is done). p_w: position of the
+ * warp's first row. */
+template <int QT>
+static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2], float m[2],
+                                                 float l[2], float alpha[2], int k0,
+                                                 int need_mask, int p_w, int kv_len, int causal,
+                                                 int window_left, float qk_mul, float cap_log2,
+                                                 int lane) {
   /* logits in log2 units are mul * s (see ext_step) */
   float mul = qk_mul;
   if (cap_log2 != 0.f) {
@@ -129,9 +154,6 @@ static __device__ __forceinline__ void wg_step(float o[64], float m[2], float l[
         }
     }
   }
-
-  uint32_t pk[16][2];
-  float alpha[2];
   int rescale = 0;
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
@@ -155,30 +177,29 @@ static __device__ __forceinline__ void wg_step(float o[64], float m[2], float l[
     }
     l[hf] = l[hf] * alpha[hf] + sum;
   }
-  if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-  }
+  return __any_sync(0xffffffffu, rescale);
+}
 
-  kva_wgmma_fence();
+static __device__ __forceinline__ void wg_rescale(float o[64], const float alpha[2]) {
 #pragma unroll
-  for (int kk = 0; kk < 8; kk++) {
-    const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-    wg_mma_rs<QT>(o, pa, wg_desc(v_s + kk * 16 * 128, 128 * 128, 1024));
+  for (int j = 0; j < 16; j++) {
+    o[4 * j] *= alpha[0];
+    o[4 * j + 1] *= alpha[0];
+    o[4 * j + 2] *= alpha[1];
+    o[4 * j + 3] *= alpha[1];
   }
-  kva_wgmma_commit();
-  kva_wgmma_wait<0>();
+}
+
+static __device__ __forceinline__ void wg_fence_acc(float d[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; i++) kva_reg_fence_f32(&d[i]);
 }
 
 template <int QT>
 __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     kva_ext_wg_kernel(const __grid_constant__ kva_ext_args a) {
   constexpr int D = 128, BM = KVA_WG_BM, BN = KVA_WG_BN, STG = 2 * KVA_WG_TILE;
+  constexpr int NS = KVA_WG_STAGES;
   static_assert(KVA_WG_BM == KVA_EXT_BM(128), "the tile schedule is shared with mma.sync");
   static_assert(BM * KVA_WG_ORS <= STG, "O staging fits one stage");
   extern __shared__ __align__(1024) unsigned char smem_wg[];
@@ -186,7 +207,7 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
   unsigned char *const p_base = smem_wg + (s_q - s_raw);
   const uint32_t s_ring = s_q + KVA_WG_TILE;
-  volatile ext_item *const its = (volatile ext_item *)(p_base + KVA_WG_TILE + 2 * STG);
+  volatile ext_item *const its = (volatile ext_item *)(p_base + KVA_WG_TILE + NS * STG);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = warp >> 2, row_w = 16 * warp; /* warpgroup; first tile row of the warp */
@@ -219,45 +240,91 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     for (int i = 0; i < 64; i++) o[i] = 0.f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
+    uint32_t pk[16][2]; /* P of the tile whose P V is still to be issued */
+    int have_p = 0;     /* ... and whether there is one (its V: the previous tile's stage) */
 
     for (int n = 0; n < ntiles; n++) {
       kva_cp_async_wait<0>();
       kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
-      __syncthreads();
+      __syncthreads(); /* tile n landed; every P V older than tile n-1 is complete */
       const int kb = it->kb, kv_len = it->kv_len, base = it->base;
       {
-        const uint32_t st = s_ring + ((base + n + 1) & 1) * STG;
+        /* tile n+1 goes to the stage of tile n-2, whose P V completed */
+        const uint32_t st = s_ring + ((base + n + 1) % NS) * STG;
         if (n + 1 < ntiles) {
           wg_issue_kv(st, st + KVA_WG_TILE, pre, it->kg, it->vg, a.hkv * D, tid);
-          pre = n + 2 < ntiles ? ext_slot(it->pt, kb + (n + 2) * BN + my_row, kv_len, a.page_size,
-                                          a.ps_mul, a.ps_shift)
+          pre = n + 2 < ntiles ? ext_slot(it->pt, kb + (n + 2) * BN + my_row, kv_len,
+                                          a.page_size, a.ps_mul, a.ps_shift)
                                : -1;
         } else {
           ext_item x = ext_item_of<D, 0, BM, BN>(&a, round + 1);
-          x.base = (base + n + 1) & 1;
+          x.base = (base + n + 1) % NS;
           if (x.ntiles > 0) {
             x.pref = 1;
             pre = ext_slot(x.pt, x.kb + my_row, x.kv_len, a.page_size, a.ps_mul, a.ps_shift);
             wg_issue_kv(st, st + KVA_WG_TILE, pre, x.kg, x.vg, a.hkv * D, tid);
-            pre = x.ntiles > 1 ? ext_slot(x.pt, x.kb + BN + my_row, x.kv_len, a.page_size, a.ps_mul,
-                                          a.ps_shift)
+            pre = x.ntiles > 1 ? ext_slot(x.pt, x.kb + BN + my_row, x.kv_len, a.page_size,
+                                          a.ps_mul, a.ps_shift)
                                : -1;
           }
           if (tid == 0) ext_item_store(nx, x);
         }
         kva_cp_async_commit();
       }
-      const uint32_t k_s = s_ring + ((base + n) & 1) * STG;
+      const uint32_t k_s = s_ring + ((base + n) % NS) * STG;
+      const uint32_t v_prev = s_ring + ((base + n + NS - 1) % NS) * STG + KVA_WG_TILE;
       const int k0 = kb + n * BN;
-      /* a warpgroup skips a tile none of its rows can see */
+      /* a warpgroup skips a tile none of its rows can see (only finishing
+       * the pending P V) */
       const int p_lo = it->p_first + 64 * wg, p_hi = min(p_lo + 63, it->p_last);
       if (k0 >= kv_len || (a.causal && k0 > p_hi) ||
-          (a.window_left >= 0 && k0 + BN - 1 < p_lo - a.window_left))
+          (a.window_left >= 0 && k0 + BN - 1 < p_lo - a.window_left)) {
+        if (have_p) {
+          wg_issue_pv<QT>(o, pk, v_prev);
+          kva_wgmma_wait<0>();
+          wg_fence_acc(o);
+          have_p = 0;
+        }
         continue;
+      }
       const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
                             (a.window_left >= 0 && k0 < p_hi - a.window_left);
-      wg_step<QT>(o, m, l, s_q + 64 * wg * 128, k_s, k_s + KVA_WG_TILE, k0, need_mask,
-                  it->p_first + row_w, kv_len, a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+      float s[64];
+      wg_issue_s<QT>(s, s_q + 64 * wg * 128, k_s);
+      if (have_p) wg_issue_pv<QT>(o, pk, v_prev);
+      /* S is the older group: wait for it alone, P V may still run */
+      if (have_p)
+        kva_wgmma_wait<1>();
+      else
+        kva_wgmma_wait<0>();
+      wg_fence_acc(s);
+      uint32_t pn[16][2];
+      float alpha[2];
+      const int rescale =
+          wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, it->p_first + row_w, kv_len,
+                         a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+      if (have_p) {
+        kva_wgmma_wait<0>();
+        wg_fence_acc(o);
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+          kva_reg_fence_u32(&pk[j][0]);
+          kva_reg_fence_u32(&pk[j][1]);
+        }
+      }
+      if (rescale) wg_rescale(o, alpha);
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        pk[j][0] = pn[j][0];
+        pk[j][1] = pn[j][1];
+      }
+      have_p = 1;
+    }
+    if (have_p) { /* the last tile's P V */
+      const uint32_t v_last = s_ring + ((it->base + ntiles - 1) % NS) * STG + KVA_WG_TILE;
+      wg_issue_pv<QT>(o, pk, v_last);
+      kva_wgmma_wait<0>();
+      wg_fence_acc(o);
     }
 
     if (ntiles == 0) {
@@ -266,7 +333,9 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
       if (tid == 0) ext_item_store(nx, ext_item_of<D, 0, BM, BN>(&a, round + 1));
     }
     __syncthreads(); /* all warps are done with Q and the last stage; *nx written */
-    const uint32_t s_o = s_ring + (ntiles > 0 ? ((it->base + ntiles - 1) & 1) : 1) * STG;
+    /* O staging: the last tile's stage (the next tile 0 went to the one
+     * after it; with no tile, stage 1 while the next tile 0 goes to 0) */
+    const uint32_t s_o = s_ring + (ntiles > 0 ? ((it->base + ntiles - 1) % NS) : 1) * STG;
     if (nx->valid) wg_issue_q(&a, s_q, nx->q_row0, nx->n_valid, nx->h, tid);
     kva_cp_async_commit();
     unsigned char *const p_o = p_base + (s_o - s_q);

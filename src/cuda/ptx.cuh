@@ -196,4 +196,14 @@ static __device__ __forceinline__ void kva_wgmma_m64n128k16_rs_f16_tb(float d[64
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
 
+/* Register fences: the compiler must assume x is read and rewritten here,
+ * so no use of a wgmma accumulator (or A operand) moves across the
+ * wgmma.wait_group that makes it valid (CUTLASS's fence_operand). */
+static __device__ __forceinline__ void kva_reg_fence_f32(float *x) {
+  asm volatile("" : "+f"(*x)::"memory");
+}
+static __device__ __forceinline__ void kva_reg_fence_u32(uint32_t *x) {
+  asm volatile("" : "+r"(*x)::"memory");
+}
+
 #endif /* KVA_CUDA_PTX_CUH */

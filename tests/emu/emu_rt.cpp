@@ -32,13 +32,32 @@ long emu_bank_conflicts, emu_ldsm_count;
 
 dim3 &emu_threadIdx() { return th[cur].idx; }
 
-enum { OP_LDM = 1, OP_LDMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW, OP_WG, OP_ANY };
+enum { OP_LDM = 1, OP_LDMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW, OP_WG, OP_ANY,
+       OP_WG_ISSUE, OP_WG_COMMIT, OP_WG_WAIT };
 struct Warp {
   int op, count;
   uint32_t in[32][80];
   uint32_t out[32][64];
 };
 static Warp warps[NTH_MAX / 32];
+
+/* wgmma in flight: operands are read when the group completes (wait_group),
+ * and they must be unchanged since the issue (checked), like on hardware. */
+struct WgOp {
+  int chained; /* an earlier in-flight wgmma accumulates into the same d */
+  uint32_t flags;
+  uint64_t da, db;
+  float *d[32];
+  const uint32_t *a[32];
+  float d0[32][64];
+  uint32_t a0[32][4];
+};
+struct WgQueue {
+  std::vector<WgOp> open;
+  std::vector<std::vector<WgOp>> groups;
+};
+static WgQueue wgq[NTH_MAX / 32];
+static void wg_execute(Warp &W, WgOp &op);
 
 static void yield_() { swapcontext(&th[cur].ctx, &sched_ctx); }
 
@@ -121,64 +140,47 @@ static void compute(Warp &W) {
       break;
     case OP_SYNCW:
       break;
+    case OP_WG_ISSUE: {
+      WgQueue &q = wgq[&W - warps];
+      WgOp op;
+      memcpy(&op.flags, &W.in[0][72], 4);
+      op.da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
+      op.db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
+      for (int t = 0; t < 32; t++) {
+        memcpy(&op.d[t], &W.in[t][0], sizeof(float *));
+        memcpy(&op.a[t], &W.in[t][2], sizeof(uint32_t *));
+        memcpy(op.d0[t], op.d[t], 256);
+        if (op.a[t]) memcpy(op.a0[t], op.a[t], 16);
+        if (W.in[t][72] != W.in[0][72] || W.in[t][68] != W.in[0][68] || W.in[t][70] != W.in[0][70]) {
+          fprintf(stderr, "wgmma operands differ across lanes\n");
+          abort();
+        }
+      }
+      op.chained = 0;
+      for (const WgOp &o2 : q.open) op.chained |= o2.d[0] == op.d[0];
+      for (const auto &g : q.groups)
+        for (const WgOp &o2 : g) op.chained |= o2.d[0] == op.d[0];
+      q.open.push_back(op);
+      break;
+    }
+    case OP_WG_COMMIT: {
+      WgQueue &q = wgq[&W - warps];
+      q.groups.push_back(q.open);
+      q.open.clear();
+      break;
+    }
+    case OP_WG_WAIT: {
+      WgQueue &q = wgq[&W - warps];
+      while ((int)q.groups.size() > (int)W.in[0][0]) {
+        for (WgOp &op : q.groups.front()) wg_execute(W, op);
+        q.groups.erase(q.groups.begin());
+      }
+      break;
+    }
     case OP_ANY: {
       uint32_t any = 0;
       for (int t = 0; t < 32; t++) any |= W.in[t][0] != 0;
       for (int t = 0; t < 32; t++) W.out[t][0] = any;
-      break;
-    }
-    case OP_WG: {
-      /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
-       * bit0 bf16, bit1 A from registers, bit2 scale_d; 73 warp in group */
-      const uint32_t fl = W.in[0][72];
-      const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)W.in[0][73];
-      for (int t = 1; t < 32; t++)
-        if (W.in[t][72] != fl || W.in[t][68] != W.in[0][68] || W.in[t][70] != W.in[0][70] ||
-            W.in[t][71] != W.in[0][71]) { fprintf(stderr, "wgmma operands differ across lanes\n"); abort(); }
-      uint64_t da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
-      uint64_t db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
-      auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
-      auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
-      auto rd = [&](uint32_t a) { check_smem(a, 2); uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
-      if ((db >> 62) != 1 || (!rs && (da >> 62) != 1)) { fprintf(stderr, "wgmma: not 128B swizzle\n"); abort(); }
-      float A[16][16], B[16][128];
-      if (rs) {
-        for (int t = 0; t < 32; t++) {
-          int g = t >> 2, q = t & 3;
-          const uint32_t *r = &W.in[t][64];
-          A[g][2 * q] = h2f(r[0] & 0xffff, bf); A[g][2 * q + 1] = h2f(r[0] >> 16, bf);
-          A[g + 8][2 * q] = h2f(r[1] & 0xffff, bf); A[g + 8][2 * q + 1] = h2f(r[1] >> 16, bf);
-          A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
-          A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
-        }
-      } else { /* K-major A: row r of the 64-row tile, this warp's rows 16 wq.. */
-        uint32_t st = field(da, 0), sbo = field(da, 32);
-        for (int i = 0; i < 16; i++) {
-          int r = 16 * wq + i;
-          for (int k = 0; k < 16; k++) A[i][k] = rd(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
-        }
-      }
-      {
-        uint32_t st = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
-        for (int k = 0; k < 16; k++)
-          for (int n = 0; n < 128; n++) {
-            uint32_t a = rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128 /* MN-major (transposed) */
-                            : st + (n / 8) * sbo + (n % 8) * 128 + k * 2;                         /* K-major */
-            B[k][n] = rd(swz(a));
-          }
-      }
-      for (int t = 0; t < 32; t++) {
-        int g = t >> 2, q = t & 3;
-        for (int j = 0; j < 16; j++)
-          for (int e = 0; e < 4; e++) {
-            int row = g + 8 * (e >> 1), col = 8 * j + 2 * q + (e & 1);
-            float acc;
-            memcpy(&acc, &W.in[t][4 * j + e], 4);
-            float sum = scale_d ? acc : 0.f;
-            for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
-            memcpy(&W.out[t][4 * j + e], &sum, 4);
-          }
-      }
       break;
     }
   }
@@ -251,8 +253,19 @@ void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes) {
   if (src_bytes != 0 && src_bytes != 16) { fprintf(stderr, "cp.async src-size %d\n", src_bytes); abort(); }
   if (src_bytes && ((uintptr_t)src & 15)) { fprintf(stderr, "cp.async global src not 16-byte aligned\n"); abort(); }
   check_smem(dst, 16);
-  memset(smem + dst, 0xff, 16); /* NaN until the copy lands at its wait */
-  th[cur].open.push_back(Copy{dst, (const unsigned char *)src, src_bytes});
+  /* A copy lands any time between its issue and its wait: here either at
+   * once (then smem written later by someone else stays overwritten) or at
+   * the wait (NaN until then). */
+  static uint64_t r = 0x9e3779b97f4a7c15ull;
+  r ^= r << 13; r ^= r >> 7; r ^= r << 17;
+  if (r & 1) {
+    memset(smem + dst, 0, 16);
+    if (src_bytes) memcpy(smem + dst, src, (size_t)src_bytes);
+    th[cur].open.push_back(Copy{dst, NULL, -1}); /* landed */
+  } else {
+    memset(smem + dst, 0xff, 16);
+    th[cur].open.push_back(Copy{dst, (const unsigned char *)src, src_bytes});
+  }
 }
 void kva_cp_async_commit(void) {
   th[cur].groups.push_back(th[cur].open);
@@ -262,6 +275,7 @@ void emu_cp_async_wait(int n) {
   Th &t = th[cur];
   while ((int)t.groups.size() > n) {
     for (const Copy &c : t.groups.front()) {
+      if (c.bytes < 0) continue; /* landed at its issue */
       memset(smem + c.dst, 0, 16);
       if (c.bytes) memcpy(smem + c.dst, c.src, (size_t)c.bytes);
     }
@@ -356,20 +370,77 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
   }
 }
 
-/* wgmma: each warp computes its 16 rows of the warpgroup's 64 (no async) */
-static void wgmma(float d[64], const uint32_t *a, uint64_t da, uint64_t db, uint32_t flags) {
+static void wg_execute(Warp &W, WgOp &op) {
+      /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
+       * bit0 bf16, bit1 A from registers, bit2 scale_d; 73 warp in group */
+      const uint32_t fl = op.flags;
+      const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
+      const uint64_t da = op.da, db = op.db;
+      for (int t = 0; t < 32; t++) {
+        /* A registers are values at the issue (PTX registers are not reused
+         * under an in-flight wgmma); the accumulators must be untouched */
+        if (!op.chained && memcmp(op.d0[t], op.d[t], 256)) {
+          fprintf(stderr, "wgmma operand registers changed while the wgmma was in flight\n");
+          abort();
+        }
+      }
+      auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
+      auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
+      auto rd = [&](uint32_t a) { check_smem(a, 2); uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
+      if ((db >> 62) != 1 || (!rs && (da >> 62) != 1)) { fprintf(stderr, "wgmma: not 128B swizzle\n"); abort(); }
+      float A[16][16], B[16][128];
+      if (rs) {
+        for (int t = 0; t < 32; t++) {
+          int g = t >> 2, q = t & 3;
+          const uint32_t *r = op.a0[t];
+          A[g][2 * q] = h2f(r[0] & 0xffff, bf); A[g][2 * q + 1] = h2f(r[0] >> 16, bf);
+          A[g + 8][2 * q] = h2f(r[1] & 0xffff, bf); A[g + 8][2 * q + 1] = h2f(r[1] >> 16, bf);
+          A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
+          A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
+        }
+      } else { /* K-major A: row r of the 64-row tile, this warp's rows 16 wq.. */
+        uint32_t st = field(da, 0), sbo = field(da, 32);
+        for (int i = 0; i < 16; i++) {
+          int r = 16 * wq + i;
+          for (int k = 0; k < 16; k++) A[i][k] = rd(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+        }
+      }
+      {
+        uint32_t st = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
+        for (int k = 0; k < 16; k++)
+          for (int n = 0; n < 128; n++) {
+            uint32_t a = rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128 /* MN-major (transposed) */
+                            : st + (n / 8) * sbo + (n % 8) * 128 + k * 2;                         /* K-major */
+            B[k][n] = rd(swz(a));
+          }
+      }
+      static float Dout[32][64];
+      for (int t = 0; t < 32; t++) {
+        int g = t >> 2, q = t & 3;
+        for (int j = 0; j < 16; j++)
+          for (int e = 0; e < 4; e++) {
+            int row = g + 8 * (e >> 1), col = 8 * j + 2 * q + (e & 1);
+            float sum = scale_d ? op.d[t][4 * j + e] : 0.f;
+            for (int k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
+            Dout[t][4 * j + e] = sum;
+          }
+      }
+      for (int t = 0; t < 32; t++) memcpy(op.d[t], Dout[t], 256);
+}
+
+static void wg_issue(float d[64], const uint32_t *a, uint64_t da, uint64_t db, uint32_t flags) {
   Warp &W = warps[cur / 32];
-  uint32_t *in = W.in[lane()];
-  memcpy(in, d, 256);
-  if (a) memcpy(&in[64], a, 16);
+  uint32_t *in = W.in[cur & 31];
+  memcpy(&in[0], &d, sizeof(float *));
+  memcpy(&in[2], &a, sizeof(const uint32_t *));
   in[68] = (uint32_t)da; in[69] = (uint32_t)(da >> 32);
   in[70] = (uint32_t)db; in[71] = (uint32_t)(db >> 32);
   in[72] = flags;
-  in[73] = (uint32_t)((cur / 32) & 3);
-  collective(OP_WG);
-  memcpy(d, W.out[lane()], 256);
+  collective(OP_WG_ISSUE);
 }
-void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d) { wgmma(d, NULL, da, db, 1u | (scale_d ? 4u : 0u)); }
-void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d) { wgmma(d, NULL, da, db, scale_d ? 4u : 0u); }
-void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wgmma(d, a, 0, db, 1u | 2u | 4u); }
-void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wgmma(d, a, 0, db, 2u | 4u); }
+void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, scale_d ? 4u : 0u); }
+void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
+void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
+void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
+void emu_wgmma_wait(int n) { warps[cur / 32].in[cur & 31][0] = (uint32_t)n; collective(OP_WG_WAIT); }

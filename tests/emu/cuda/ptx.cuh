@@ -18,10 +18,13 @@ uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x);
 uint32_t kva_f16x2_to_bf16x2(uint32_t h);
 uint32_t kva_tid_x_volatile(void);
 static inline void kva_wgmma_fence(void) {}
-static inline void kva_wgmma_commit(void) {}
-template <int N> static inline void kva_wgmma_wait(void) {}
+void kva_wgmma_commit(void);
+void emu_wgmma_wait(int n);
+template <int N> static inline void kva_wgmma_wait(void) { emu_wgmma_wait(N); }
 static inline void kva_fence_proxy_async_smem(void) {}
 void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db);
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db);
+static inline void kva_reg_fence_f32(float *) {}
+static inline void kva_reg_fence_u32(uint32_t *) {}
