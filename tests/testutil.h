@@ -2,6 +2,7 @@
 #ifndef KVA_TESTUTIL_H
 #define KVA_TESTUTIL_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -9,6 +10,7 @@
 
 extern int tu_checks, tu_failures;
 
+/* Counts a check; on failure prints file:line and the printf-style message. */
 #define CHECK(cond, ...)                                   \
   do {                                                     \
     tu_checks++;                                           \
@@ -28,15 +30,27 @@ extern int tu_checks, tu_failures;
           kva_strerror(expect), kva_last_error());                                      \
   } while (0)
 
-/* Prints "N passed, N failed" and returns the exit code. */
+/* Prints "name: N passed, N failed" and returns the exit code (0 or 1). */
 int tu_summary(const char *name);
 
-/* random numbers: src/ref/rng.h */
+/* random numbers: src/ref/rng.h (splitmix64), shared with the CLI */
 #include "ref/rng.h"
 typedef kva_rng tu_rng;
-#define tu_next kva_rng_next
-#define tu_int kva_rng_int
-#define tu_uniform kva_rng_uniform
-#define tu_normal kva_rng_normal
+#define tu_next kva_rng_next     /* uint64 */
+#define tu_int kva_rng_int       /* int in [lo, hi] */
+#define tu_uniform kva_rng_uniform /* float in [-1, 1) */
+#define tu_normal kva_rng_normal /* double N(0, 1) */
+
+/* x[i] = uniform in [lo, hi) */
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, float lo, float hi);
+/* x[i] = NaN, so outputs a kernel forgot to write show up */
+void tu_poison(float *x, size_t n);
+
+/* CPU context with num_threads workers (0 = all cores); NULL (message
+ * printed) on failure. */
+kva_context *tu_cpu_context(int num_threads);
+/* Pool on ctx; NULL (message printed) on failure. */
+kva_pool *tu_pool(kva_context *ctx, kva_layout layout, int num_layers, int num_pages,
+                  int page_size, int num_kv_heads, int head_dim, kva_dtype kv_dtype);
 
 #endif

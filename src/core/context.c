@@ -11,8 +11,8 @@ static kva_status backend_for(kva_device device, const kva_backend **out, const 
       *out = kva_cuda_backend_get();
       if (!*out)
         return kva_set_error(KVA_ERR_NO_DEVICE,
-                             "%s: this build of kvattn has no CUDA backend (nvcc was not found "
-                             "at configure time)",
+                             "%s: no CUDA backend in this build (nvcc was not found at configure "
+                             "time, or KVA_CUDA=OFF)",
                              fn);
       return KVA_OK;
   }
@@ -21,9 +21,13 @@ static kva_status backend_for(kva_device device, const kva_backend **out, const 
 }
 
 kva_status kva_device_available(kva_device device) {
+  const kva_backend *be = NULL;
+  kva_status st = backend_for(device, &be, "kva_device_available");
+  if (st != KVA_OK || device == KVA_DEVICE_CPU) return st;
+  /* Only the backend knows whether a device is present ("no CUDA device present"). */
   kva_context_config cfg = {device, 1, 0};
   kva_context *ctx = NULL;
-  kva_status st = kva_context_create(&cfg, &ctx);
+  st = kva_context_create(&cfg, &ctx);
   kva_context_destroy(ctx);
   return st;
 }

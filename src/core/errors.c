@@ -1,16 +1,21 @@
 /* Status names and the per-thread message of the last failing call. */
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "core/internal.h"
 
 static _Thread_local char last_error[512];
 
 kva_status kva_set_error(kva_status status, const char *fmt, ...) {
+  /* Format into a temporary first: callers may pass kva_last_error() itself
+   * as an argument to wrap a lower layer's message. */
+  char msg[sizeof(last_error)];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(last_error, sizeof(last_error), fmt, ap);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
+  memcpy(last_error, msg, sizeof(msg));
   return status;
 }
 

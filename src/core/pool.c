@@ -98,16 +98,18 @@ kva_status kva_pool_create(kva_context *ctx, const kva_pool_config *config, kva_
     kva_pool_destroy(pool);
     return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
+  size_t pool_bytes = pool->layer_bytes; /* per layer and buffer */
   for (int l = 0; l < L; l++) {
     pool->k_scale[l] = pool->v_scale[l] = 1.0f;
     int nbuf = config->layout == KVA_LAYOUT_MLA ? 1 : 2;
     for (int b = 0; b < nbuf; b++) {
       void **dst = b == 0 ? &pool->k[l] : &pool->v[l];
-      st = ctx->backend->mem_alloc(ctx, pool->layer_bytes, dst);
-      if (st == KVA_OK) st = ctx->backend->mem_zero(ctx, *dst, pool->layer_bytes);
+      st = ctx->backend->mem_alloc(ctx, pool_bytes, dst);
+      if (st == KVA_OK) st = ctx->backend->mem_zero(ctx, *dst, pool_bytes);
       if (st != KVA_OK) {
         kva_pool_destroy(pool);
-        return st;
+        return kva_set_error(st, "%s: layer %d %s buffer of %zu bytes: %s", fn, l,
+                             b == 0 ? "K" : "V", pool_bytes, kva_last_error());
       }
     }
   }
@@ -173,29 +175,34 @@ kva_status kva_pool_alloc_pages(kva_pool *pool, int count, int32_t *pages) {
   return KVA_OK;
 }
 
-static kva_status check_page(const kva_pool *pool, int32_t page, const char *fn) {
+static kva_status check_page_id(const kva_pool *pool, int32_t page, const char *fn) {
   if (page < 0 || page >= pool->cfg.num_pages)
     return kva_set_error(KVA_ERR_OUT_OF_RANGE, "%s: page %d is not in [0, %d)", fn, page,
                          pool->cfg.num_pages);
-  if (pool->refcount[page] == 0)
-    return kva_set_error(KVA_ERR_DOUBLE_FREE, "%s: page %d is free", fn, page);
   return KVA_OK;
 }
 
 kva_status kva_pool_ref_page(kva_pool *pool, int32_t page) {
-  KVA_CHECK_NULL(pool, "kva_pool_ref_page");
-  kva_status st = check_page(pool, page, "kva_pool_ref_page");
+  static const char *fn = "kva_pool_ref_page";
+  KVA_CHECK_NULL(pool, fn);
+  kva_status st = check_page_id(pool, page, fn);
   if (st != KVA_OK) return st;
+  /* sharing a free page would hand it out twice once it is allocated */
+  if (pool->refcount[page] == 0)
+    return kva_set_error(KVA_ERR_STATE, "%s: page %d is free (allocate it first)", fn, page);
   if (pool->refcount[page] == INT32_MAX)
-    return kva_set_error(KVA_ERR_CAPACITY, "kva_pool_ref_page: page %d has too many users", page);
+    return kva_set_error(KVA_ERR_CAPACITY, "%s: page %d has too many users", fn, page);
   pool->refcount[page]++;
   return KVA_OK;
 }
 
 kva_status kva_pool_unref_page(kva_pool *pool, int32_t page) {
-  KVA_CHECK_NULL(pool, "kva_pool_unref_page");
-  kva_status st = check_page(pool, page, "kva_pool_unref_page");
+  static const char *fn = "kva_pool_unref_page";
+  KVA_CHECK_NULL(pool, fn);
+  kva_status st = check_page_id(pool, page, fn);
   if (st != KVA_OK) return st;
+  if (pool->refcount[page] == 0)
+    return kva_set_error(KVA_ERR_DOUBLE_FREE, "%s: page %d is already free", fn, page);
   if (--pool->refcount[page] == 0) pool->free_stack[pool->num_free++] = page;
   return KVA_OK;
 }
@@ -254,24 +261,31 @@ kva_status kva_pool_read_tokens(const kva_pool *pool, int layer, int count, cons
     if (slots[i] < 0 || slots[i] >= nslots)
       return kva_set_error(KVA_ERR_OUT_OF_RANGE, "%s: slots[%d] = %d is not in [0, %lld)", fn, i,
                            slots[i], (long long)nslots);
+  /* Stage runs of consecutive slots (a page holds up to 256) so a device pool
+   * takes one copy per run, not one per token. */
   size_t esz = kva_dtype_size(pool->cfg.kv_dtype), tok_bytes = pool->token_elems * esz;
-  unsigned char *row = (unsigned char *)malloc(tok_bytes);
-  if (!row) return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  unsigned char *stage = (unsigned char *)malloc(tok_bytes * KVA_MAX_PAGE_SIZE);
+  if (!stage) return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
+  int fp8 = pool->cfg.kv_dtype == KVA_FP8_E4M3;
   for (int b = 0; b < 2 && st == KVA_OK; b++) {
     float *dst = b == 0 ? k_out : v_out;
     const unsigned char *buf = (const unsigned char *)(b == 0 ? pool->k[layer] : pool->v[layer]);
     if (!dst || !buf) continue;
     float scale = b == 0 ? pool->k_scale[layer] : pool->v_scale[layer];
-    for (int i = 0; i < count && st == KVA_OK; i++) {
-      st = pool->ctx->backend->copy_to_host(pool->ctx, row, buf + (size_t)slots[i] * tok_bytes,
-                                            tok_bytes);
-      for (size_t e = 0; st == KVA_OK && e < pool->token_elems; e++) {
-        float x = kva_load_f32(row, e, pool->cfg.kv_dtype);
-        dst[(size_t)i * pool->token_elems + e] =
-            pool->cfg.kv_dtype == KVA_FP8_E4M3 ? x * scale : x;
+    for (int i = 0; i < count && st == KVA_OK;) {
+      int n = 1;
+      while (i + n < count && n < KVA_MAX_PAGE_SIZE && slots[i + n] == slots[i] + n) n++;
+      st = pool->ctx->backend->copy_to_host(pool->ctx, stage, buf + (size_t)slots[i] * tok_bytes,
+                                            (size_t)n * tok_bytes);
+      size_t elems = (size_t)n * pool->token_elems;
+      float *o = dst + (size_t)i * pool->token_elems;
+      for (size_t e = 0; st == KVA_OK && e < elems; e++) {
+        float x = kva_load_f32(stage, e, pool->cfg.kv_dtype);
+        o[e] = fp8 ? x * scale : x;
       }
+      i += n;
     }
   }
-  free(row);
+  free(stage);
   return st;
 }

@@ -40,7 +40,8 @@ kva_status kva_req_table_create(kva_pool *pool, int max_requests, int max_contex
   t->max_requests = max_requests;
   t->max_context_len = max_context_len;
   t->max_pages_per_req = (max_context_len + pool->cfg.page_size - 1) / pool->cfg.page_size;
-  t->req_to_token = (int32_t *)malloc((size_t)max_requests * (size_t)max_context_len * 4);
+  /* zeroed so rows past a request's length hold valid slot ids, never garbage */
+  t->req_to_token = (int32_t *)calloc((size_t)max_requests * (size_t)max_context_len, 4);
   t->len = (int32_t *)malloc((size_t)max_requests * 4);
   t->free_slots = (int32_t *)malloc((size_t)max_requests * 4);
   if (!t->req_to_token || !t->len || !t->free_slots) {
