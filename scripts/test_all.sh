@@ -1,36 +1,92 @@
 #!/usr/bin/env bash
-# Builds and runs every test: the release build (with the CUDA backend when
-# nvcc is found; GPU tests skip loudly without a GPU), an AddressSanitizer +
-# UBSan build, and the libFuzzer targets for a short fixed time (clang).
-set -euo pipefail
+# Builds and runs every test (the README's test command; CI runs exactly this):
+#   1. release build (CUDA backend when nvcc is found) + ctest; GPU tests
+#      skip loudly (exit 77) without a GPU,
+#   2. AddressSanitizer + UBSan build (CPU only) + ctest,
+#   3. libFuzzer targets (clang only), each for KVA_FUZZ_SECONDS (default 30).
+# Every stage runs even if an earlier one failed; the last line summarizes and
+# the exit status is non-zero if any stage failed.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
-stages=0
+jobs=$(nproc 2>/dev/null || echo 2)
+fuzz_seconds=${KVA_FUZZ_SECONDS:-30}
+results=()
+passed=0 failed=0 skipped=0
 
-echo "== release build + ctest"
-cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j 2
-(cd build && ctest --output-on-failure -j 2)
-stages=$((stages + 1))
+# Prints the skip reasons ctest swallowed (tests exiting 77 print a SKIP line).
+report_skips() {
+  local log=$1/Testing/Temporary/LastTest.log
+  [ -f "$log" ] || return 0
+  grep -hi "skip" "$log" | sort -u | sed 's/^/   skipped: /'
+}
 
-echo "== AddressSanitizer + UBSan build + ctest"
-cmake -S . -B build-asan "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITIZE=ON >/dev/null
-cmake --build build-asan -j 2
-(cd build-asan && ASAN_OPTIONS=detect_leaks=1 ctest --output-on-failure -j 2)
-stages=$((stages + 1))
+stage() { # stage NAME COMMAND...
+  local name=$1
+  shift
+  echo
+  echo "== $name"
+  local t0=$SECONDS
+  if "$@"; then
+    results+=("$name: ok ($((SECONDS - t0)) s)")
+    passed=$((passed + 1))
+  else
+    results+=("$name: FAILED")
+    failed=$((failed + 1))
+  fi
+}
 
-if command -v clang >/dev/null; then
-  echo "== libFuzzer targets (${KVA_FUZZ_SECONDS:-30} s each)"
-  CC=clang cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_FUZZ=ON >/dev/null
-  cmake --build build-fuzz -j 2
+release() {
+  mkdir -p build
+  cmake -S . -B build "${gen[@]}" -DCMAKE_BUILD_TYPE=Release >build/configure.log 2>&1 ||
+    { cat build/configure.log; return 1; }
+  grep "kvattn: CUDA backend" build/configure.log
+  cmake --build build -j "$jobs" || return 1
+  local rc=0
+  (cd build && ctest --output-on-failure -j "$jobs") || rc=1
+  report_skips build
+  return $rc
+}
+
+sanitize() {
+  cmake -S . -B build-asan "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_SANITIZE=ON >/dev/null || return 1
+  cmake --build build-asan -j "$jobs" || return 1
+  local rc=0
+  (cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --output-on-failure -j "$jobs") || rc=1
+  report_skips build-asan
+  return $rc
+}
+
+fuzz() {
+  CC=clang cmake -S . -B build-fuzz "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVA_FUZZ=ON >/dev/null || return 1
+  cmake --build build-fuzz -j "$jobs" || return 1
+  local n=0 f
   for f in build-fuzz/fuzz_*; do
-    [ -x "$f" ] || continue
-    echo "-- $f"
-    "$f" -max_total_time="${KVA_FUZZ_SECONDS:-30}" -print_final_stats=0 2>&1 | tail -2
+    [ -x "$f" ] && [ -f "$f" ] || continue
+    echo "-- $f for $fuzz_seconds s"
+    # crash reproducers land in build-fuzz/, not in the source tree
+    "$f" -max_total_time="$fuzz_seconds" -print_final_stats=1 -artifact_prefix=build-fuzz/ \
+      >"$f.log" 2>&1 || { tail -40 "$f.log"; return 1; }
+    grep -E "stat::number_of_executed_units|cov:" "$f.log" | tail -2
+    n=$((n + 1))
   done
-  stages=$((stages + 1))
+  [ "$n" -gt 0 ] || { echo "no fuzz targets were built"; return 1; }
+}
+
+stage "release build + ctest" release
+stage "ASan+UBSan build + ctest" sanitize
+if command -v clang >/dev/null; then
+  stage "libFuzzer targets (${fuzz_seconds} s each)" fuzz
 else
+  echo
   echo "== libFuzzer targets SKIPPED: clang not found"
+  results+=("libFuzzer targets: skipped (no clang)")
+  skipped=$((skipped + 1))
 fi
-echo "test_all: $stages passed, 0 failed"
+
+echo
+printf '   %s\n' "${results[@]}"
+echo "test_all: $passed passed, $failed failed, $skipped skipped (stages)"
+[ "$failed" -eq 0 ]

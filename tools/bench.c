@@ -14,7 +14,7 @@
 
 typedef struct {
   kva_device dev;
-  int prefill, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads;
+  int prefill, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers;
   kva_dtype dtype, kv_dtype;
 } bench_opts;
 
@@ -66,6 +66,15 @@ static double cpu_copy_ceiling(int threads) {
   return 2.0 * (double)n / best[3] / 1e9;
 }
 
+/* Whole decimal in [lo, hi]. */
+static int parse_int(const char *s, int lo, int hi, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*s == '\0' || *end != '\0' || v < lo || v > hi) return 0;
+  *out = (int)v;
+  return 1;
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -103,10 +112,13 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
   }
   size_t esz = kva_dtype_size(o->kv_dtype);
   double layer_kv_bytes = (double)pages_total * o->page * o->hkv * o->d * esz * 2;
-  /* enough layers that one pass over them does not sit in a 50 MB L2 */
-  int layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_kv_bytes) : 1;
+  /* CUDA: enough layers that the KV of all of them is >= 4x a 50 MB L2, one
+   * layer per iteration, so no iteration finds its KV in L2. CPU: one layer
+   * unless --layers says otherwise. */
+  int layers = o->layers;
+  if (layers <= 0) layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_kv_bytes) : 1;
   if (layers < 1) layers = 1;
-  if (layers > 16) layers = 16;
+  if (layers > 1024) layers = 1024;
   kva_pool_config pc = {KVA_LAYOUT_MHA, layers, (int)pages_total + B, o->page, o->hkv, o->d, o->kv_dtype};
   kva_pool *pool;
   kva_req_table *table;
@@ -176,11 +188,11 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
   if (o->json) {
     printf("{\"device\":\"%s\",\"mode\":\"%s\",\"batch\":%d,\"ctx\":%d,\"varlen\":%d,\"heads\":\"%s\","
            "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
-           "\"layers\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
+           "\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
            "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->prefill ? "prefill" : "decode", B, L,
            o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
-           o->causal, o->prefix, layers, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
+           o->causal, o->prefix, layers, iters, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling);
   } else {
     printf("%-7s B=%-4d L=%-6d%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
@@ -209,25 +221,41 @@ static void usage(FILE *f) {
           "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill] [--batch B[,B..]]\n"
           "                    [--ctx L[,L..]] [--heads HQ:HKV] [--head-dim D] [--page P]\n"
           "                    [--dtype bf16|f16] [--kv-dtype bf16|f16|fp8] [--varlen]\n"
-          "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N] [--json]\n"
-          "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens.\n"
-          "--varlen draws lengths from N(L, L/2) clipped at 1.\n");
+          "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N]\n"
+          "                    [--layers N] [--json]\n"
+          "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens\n"
+          "after --prefix cached ones. --varlen draws lengths from N(L, L/2) clipped at 1 (fixed\n"
+          "seed). Comma lists in --batch/--ctx run every combination (progress on stderr).\n"
+          "Reports the median time of --iters runs (default 5 CPU, 30 CUDA; CUDA: event timing),\n"
+          "GB/s of K+V read in the storage dtype + page table, TFLOP/s (4*hq*d per visible\n"
+          "query-key pair), and the ratio to a copy ceiling from the same run (CPU: memcpy of\n"
+          "256 MiB over the worker threads; CUDA: 1 GiB device-to-device; bytes read + written).\n"
+          "CUDA attends to a different layer each iteration over enough layers (--layers to\n"
+          "override) that the KV is >= 4x the 50 MB L2. --json: one object per configuration.\n");
 }
 
 int cli_bench(int argc, char **argv) {
-  bench_opts o = {KVA_DEVICE_CPU, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
+  bench_opts o = {KVA_DEVICE_CPU, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
   int batches[32] = {16}, ctxs[32] = {4096}, nb = 1, nc = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (!strcmp(a, "--help")) {
+    static const char *valued[] = {"--device", "--mode", "--batch", "--ctx", "--heads",
+                                   "--head-dim", "--page", "--dtype", "--kv-dtype", "--causal",
+                                   "--prefix", "--iters", "--threads", "--layers"};
+    int known = 0;
+    for (size_t j = 0; j < sizeof(valued) / sizeof(valued[0]); j++) known |= !strcmp(a, valued[j]);
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       usage(stdout);
       return 0;
     } else if (!strcmp(a, "--json")) {
       o.json = 1;
     } else if (!strcmp(a, "--varlen")) {
       o.varlen = 1;
+    } else if (!known) {
+      fprintf(stderr, "kvattn bench: unknown option '%s' (see kvattn bench --help)\n", a);
+      return 2;
     } else if (!v) {
-      fprintf(stderr, "kvattn bench: unknown option or missing value '%s'\n", a);
+      fprintf(stderr, "kvattn bench: %s needs a value\n", a);
       return 2;
     } else if (!strcmp(a, "--device")) {
       if (!cli_parse_device(v, &o.dev)) goto bad;
@@ -247,10 +275,10 @@ int cli_bench(int argc, char **argv) {
       if (sscanf(v, "%d:%d", &o.hq, &o.hkv) != 2 || o.hq <= 0 || o.hkv <= 0 || o.hq % o.hkv) goto bad;
       i++;
     } else if (!strcmp(a, "--head-dim")) {
-      o.d = atoi(v);
+      if (!parse_int(v, 1, 1 << 20, &o.d)) goto bad;
       i++;
     } else if (!strcmp(a, "--page")) {
-      o.page = atoi(v);
+      if (!parse_int(v, 1, 1 << 20, &o.page)) goto bad;
       i++;
     } else if (!strcmp(a, "--dtype")) {
       if (!cli_parse_dtype(v, &o.dtype) || o.dtype == KVA_FP8_E4M3) goto bad;
@@ -259,21 +287,20 @@ int cli_bench(int argc, char **argv) {
       if (!cli_parse_dtype(v, &o.kv_dtype) || o.kv_dtype == KVA_F32) goto bad;
       i++;
     } else if (!strcmp(a, "--causal")) {
-      o.causal = atoi(v) != 0;
+      if (!parse_int(v, 0, 1, &o.causal)) goto bad;
       i++;
     } else if (!strcmp(a, "--prefix")) {
-      o.prefix = atoi(v);
+      if (!parse_int(v, 0, 1 << 30, &o.prefix)) goto bad;
       i++;
     } else if (!strcmp(a, "--iters")) {
-      o.iters = atoi(v);
+      if (!parse_int(v, 1, 1000000, &o.iters)) goto bad;
       i++;
     } else if (!strcmp(a, "--threads")) {
-      o.threads = atoi(v);
+      if (!parse_int(v, 0, 4096, &o.threads)) goto bad;
       i++;
-    } else {
-      fprintf(stderr, "kvattn bench: unknown option '%s'\n", a);
-      usage(stderr);
-      return 2;
+    } else if (!strcmp(a, "--layers")) {
+      if (!parse_int(v, 1, 1024, &o.layers)) goto bad;
+      i++;
     }
     continue;
   bad:
@@ -293,7 +320,6 @@ int cli_bench(int argc, char **argv) {
     fprintf(stderr, "kvattn bench: could not measure the copy ceiling\n");
     return 1;
   }
-  cli_rng rng = {12345};
   int total = nb * nc, done = 0, rc = 0;
   for (int bi = 0; bi < nb && rc == 0; bi++)
     for (int ci = 0; ci < nc && rc == 0; ci++) {
@@ -302,6 +328,8 @@ int cli_bench(int argc, char **argv) {
         fprintf(stderr, "\r[%.*s%*s] %d/%d B=%d L=%d ", fill, "##############################", w - fill, "",
                 done, total, batches[bi], ctxs[ci]);
       }
+      /* seeded per configuration: its lengths do not depend on the others run */
+      cli_rng rng = {12345u + 1000003ull * (uint64_t)batches[bi] + (uint64_t)ctxs[ci]};
       rc = run_config(ctx, &o, batches[bi], ctxs[ci], ceiling, &rng);
       done++;
     }
