@@ -1,9 +1,14 @@
-/* CPU attention over the paged cache. Decode requests follow the plan's
- * split-KV schedule (one task per worker, then a combine of split requests);
- * extend requests are cut into (request, query chunk) tasks. Both run the
- * same block loop over all query rows of the request: a key block reads whole
- * tokens (every kv head, contiguous in the page) once, converts them to f32,
- * and each row uses its kv head's part, so reads stream through pages. */
+/* CPU attention over the paged cache (semantics: docs/design.md).
+ *
+ * Decode requests follow the plan's split-KV schedule: one thread-pool task
+ * per schedule worker, each running its chunks with every query row of the
+ * request (all q heads, all new tokens) so that each K/V row is read once per
+ * chunk; single-chunk requests write O, the others partial rows that a
+ * combine step merges. Extend requests run as tasks over (request, kv head,
+ * chunk of query tokens). Both use one loop: blocks of keys, QK over the rows
+ * of each kv head, online softmax, then PV. The AVX2 kernels read K/V in place
+ * (converting in registers; fp8 scales folded into the QK scale and the final
+ * O factor); the portable path converts each head's rows of a block to f32. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,64 +17,137 @@
 #include "cpu/cpu_internal.h"
 #include "cpu/cpu_simd.h"
 
-#define KEY_BLOCK 16
-#define EXTEND_Q_CHUNK 16
+#define KEY_BLOCK 32         /* keys per softmax step (64 was slower: L1) */
+#define EXTEND_ROWS 64       /* target query rows (tokens x group) of an extend task */
+#define EXTEND_MAX_TOKENS 32
+#define PREFETCH_BLOCKS 1    /* how far ahead the kernels prefetch, in key blocks */
+
+/* Scratch of one thread: the query rows of one task and their state. */
+typedef struct {
+  int nrows, per_head;    /* rows in all, rows per kv head */
+  int kvh0, nkvh;         /* kv heads covered */
+  float *q, *acc;         /* [nrows][d] */
+  float *m, *l, *lse;     /* [nrows] running max, running sum, final LSE */
+  float *s;               /* [nrows][KEY_BLOCK] logits, then probabilities */
+  float *kb, *vb;         /* [KEY_BLOCK][d] staged f32 K/V of one head */
+  const float **qp;       /* [nrows] */
+  float **ap;             /* [nrows] */
+  int *qpos, *tok, *head; /* [nrows] absolute position, token within request, q head */
+} rowset;
+
+/* plan->backend_plan */
+typedef struct {
+  int max_rows, d;
+  size_t thread_bytes;
+  int num_threads;
+  unsigned char *scratch;   /* [num_threads][thread_bytes] */
+  int32_t *ext_task_start;  /* [max_batch + 1] first task of each extend request */
+} cpu_plan;
 
 typedef struct {
   const kva_plan *plan;
   const kva_pool *pool;
-  int layer;
+  const cpu_plan *cp;
   kva_attn_params params; /* sm_scale resolved */
   const void *q;
   void *o;
   float *lse;
   kva_dtype dtype;
-  int hq, hkv, group, d, simd;
-  kva_status status; /* first failure of any task (allocation) */
+  int hq, hkv, group, d, simd, ext_tokens;
+  kva_dtype kv_t;
+  const char *kbuf, *vbuf;
+  float ks, vs;             /* fp8 dequantization scales (1 otherwise) */
+  float qk_scale;           /* sm_scale, times k_scale * 256 when kernels read fp8 */
+  float v_factor;           /* applied to O at the end: v_scale * 256 likewise, else 1 */
+  size_t tok_bytes, head_bytes;
+  int staged;               /* portable path: rows to f32 (dequantized) before the kernels */
 } job;
 
-/* Query rows of one request, kv-head major: row = (kv head, token t, head
- * in group g), so the rows that share a kv head are contiguous. */
-typedef struct {
-  int nrows, per_head; /* rows in all, rows per kv head */
-  float *q;            /* [nrows][d] */
-  int *qpos, *tok, *head; /* absolute position, token index within the request, q head */
-  float *m, *l, *acc;
-  float *kb, *vb, *s;  /* [KEY_BLOCK][hkv*d] x2, [nrows][KEY_BLOCK] */
-  const float **qp;    /* [nrows] row pointers for the block kernels */
-  float **ap;
-} rowset;
+static size_t align64(size_t x) { return (x + 63) & ~(size_t)63; }
 
-static int rowset_alloc(rowset *rs, int nrows, int d, int hkv) {
-  size_t floats = (size_t)nrows * d * 2 + (size_t)nrows * 2 + (size_t)KEY_BLOCK * d * hkv * 2 +
-                  (size_t)nrows * KEY_BLOCK;
-  float *f = (float *)malloc(floats * sizeof(float) + (size_t)nrows * 3 * sizeof(int) +
-                             (size_t)nrows * 2 * sizeof(void *));
-  if (!f) return 0;
-  rs->q = f;
-  rs->acc = rs->q + (size_t)nrows * d;
-  rs->m = rs->acc + (size_t)nrows * d;
-  rs->l = rs->m + nrows;
-  rs->kb = rs->l + nrows;
-  rs->vb = rs->kb + (size_t)KEY_BLOCK * d * hkv;
-  rs->s = rs->vb + (size_t)KEY_BLOCK * d * hkv;
-  rs->qp = (const float **)(rs->s + (size_t)nrows * KEY_BLOCK);
-  rs->ap = (float **)(rs->qp + nrows);
-  rs->qpos = (int *)(rs->ap + nrows);
-  rs->tok = rs->qpos + nrows;
-  rs->head = rs->tok + nrows;
-  return 1;
+/* Carves a rowset for rows x d out of base; returns the bytes used. */
+static size_t rowset_layout(rowset *rs, unsigned char *base, int rows, int d) {
+  size_t off = 0, fr = (size_t)rows * d, fb = (size_t)KEY_BLOCK * d;
+#define CARVE(field, type, count)                          \
+  do {                                                     \
+    if (rs) rs->field = (type *)(void *)(base + off);      \
+    off += align64((size_t)(count) * sizeof(type));        \
+  } while (0)
+  CARVE(q, float, fr);
+  CARVE(acc, float, fr);
+  CARVE(m, float, rows);
+  CARVE(l, float, rows);
+  CARVE(lse, float, rows);
+  CARVE(s, float, (size_t)rows * KEY_BLOCK);
+  CARVE(kb, float, fb);
+  CARVE(vb, float, fb);
+  CARVE(qp, const float *, rows);
+  CARVE(ap, float *, rows);
+  CARVE(qpos, int, rows);
+  CARVE(tok, int, rows);
+  CARVE(head, int, rows);
+#undef CARVE
+  return off;
 }
 
-/* Load query rows (all heads) for tokens [t0, t0+nt) of request r. */
-static void load_rows(const job *jb, rowset *rs, int r, int t0, int nt) {
+static int extend_tokens(int group) {
+  int t = EXTEND_ROWS / group;
+  return t < 1 ? 1 : t > EXTEND_MAX_TOKENS ? EXTEND_MAX_TOKENS : t;
+}
+
+kva_status kva_cpu_plan_init(kva_plan *plan) {
+  const kva_pool *pool = plan->pool;
+  cpu_plan *cp = (cpu_plan *)calloc(1, sizeof(*cp));
+  if (!cp) return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "kva_plan_create: out of host memory");
+  int hq = plan->cfg.num_qo_heads, hkv = pool->cfg.num_kv_heads, group = hq / hkv;
+  int dq = plan->cfg.max_q_tokens < KVA_MAX_DECODE_Q ? plan->cfg.max_q_tokens : KVA_MAX_DECODE_Q;
+  int ext = extend_tokens(group) * group;
+  cp->max_rows = dq * hq > ext ? dq * hq : ext;
+  cp->d = pool->cfg.head_dim;
+  cp->num_threads = kva_threadpool_size(kva_cpu_state_of(plan->ctx)->pool);
+  cp->thread_bytes = rowset_layout(NULL, NULL, cp->max_rows, cp->d);
+  cp->scratch = (unsigned char *)aligned_alloc(64, cp->thread_bytes * (size_t)cp->num_threads);
+  cp->ext_task_start = (int32_t *)calloc((size_t)plan->cfg.max_batch + 1, sizeof(int32_t));
+  if (!cp->scratch || !cp->ext_task_start) {
+    size_t bytes = cp->thread_bytes;
+    int threads = cp->num_threads;
+    free(cp->scratch);
+    free(cp->ext_task_start);
+    free(cp);
+    return kva_set_error(KVA_ERR_OUT_OF_MEMORY,
+                         "kva_plan_create: cannot allocate CPU attention scratch (%zu bytes x %d "
+                         "threads)",
+                         bytes, threads);
+  }
+  plan->backend_plan = cp;
+  return KVA_OK;
+}
+
+void kva_cpu_plan_free(kva_plan *plan) {
+  cpu_plan *cp = (cpu_plan *)plan->backend_plan;
+  if (!cp) return;
+  free(cp->scratch);
+  free(cp->ext_task_start);
+  free(cp);
+  plan->backend_plan = NULL;
+}
+
+/* Query rows of tokens [t0, t0+nt) of request r for kv heads [kvh0,
+ * kvh0+nkvh), kv-head major (kv head, token, head in group), so the rows of
+ * one kv head are contiguous. */
+static void load_rows(const job *jb, rowset *rs, int thread, int r, int t0, int nt, int kvh0,
+                      int nkvh) {
   const kva_plan *p = jb->plan;
+  rowset_layout(rs, jb->cp->scratch + jb->cp->thread_bytes * (size_t)thread,
+                nt * jb->group * nkvh, jb->d);
   int cached = p->cache_seqlens[r] - p->num_new[r], d = jb->d;
   size_t esz = kva_dtype_size(jb->dtype);
+  rs->kvh0 = kvh0;
+  rs->nkvh = nkvh;
   rs->per_head = nt * jb->group;
-  rs->nrows = nt * jb->hq;
+  rs->nrows = rs->per_head * nkvh;
   for (int i = 0; i < rs->nrows; i++) {
-    int kvh = i / rs->per_head, rem = i % rs->per_head, t = rem / jb->group;
+    int kvh = kvh0 + i / rs->per_head, rem = i % rs->per_head, t = rem / jb->group;
     int h = kvh * jb->group + rem % jb->group;
     size_t tok = (size_t)p->cu_seqlens_q[r] + t0 + t;
     const char *src = (const char *)jb->q + (tok * jb->hq + h) * d * esz;
@@ -91,35 +169,81 @@ static int visible(const kva_attn_params *ap, int key, int qpos) {
   return 1;
 }
 
-/* Converts tokens [b0, b0+nb) of one buffer (every kv head) to f32. */
-static void load_block(const job *jb, const int32_t *pages, const char *buf, float scale, int b0,
-                       int nb, float *dst) {
-  const kva_pool *pool = jb->pool;
-  int ps = pool->cfg.page_size;
-  size_t esz = kva_dtype_size(pool->cfg.kv_dtype), row_elems = pool->token_elems;
-  for (int j = 0; j < nb; j++) {
-    int pos = b0 + j;
-    size_t slot = (size_t)pages[pos / ps] * ps + pos % ps;
-    kva_cpu_row_to_f32(jb->simd, buf + slot * row_elems * esz, pool->cfg.kv_dtype, (int)row_elems,
-                       scale, dst + (size_t)j * row_elems);
+/* QK (or PV) of one block for every kv head of the rowset; buf is K (or V).
+ * While head hh computes, its kernel prefetches the hh-th share of the
+ * tokens of a block ahead (next_off), whole tokens in address order, so the
+ * next block streams in under the arithmetic. */
+static void block_heads(const job *jb, rowset *rs, int is_v, const size_t *tok_off, int nb,
+                        const size_t *next_off, int nnext) {
+  const char *buf = is_v ? jb->vbuf : jb->kbuf;
+  float *stage = is_v ? rs->vb : rs->kb;
+  int d = jb->d, ph = rs->per_head;
+  const void *rows[KEY_BLOCK];
+  const char *pf_rows[KEY_BLOCK];
+  size_t span_off = (size_t)rs->kvh0 * jb->head_bytes, span = (size_t)rs->nkvh * jb->head_bytes;
+  for (int hh = 0; hh < rs->nkvh; hh++) {
+    size_t head_off = (size_t)(rs->kvh0 + hh) * jb->head_bytes;
+    int j0 = hh * nnext / rs->nkvh, j1 = (hh + 1) * nnext / rs->nkvh;
+    for (int j = j0; j < j1; j++) pf_rows[j - j0] = buf + next_off[j] + span_off;
+    kva_cpu_prefetch pf = {pf_rows, j1 - j0, (int)span};
+    for (int j = 0; j < nb; j++) {
+      rows[j] = buf + tok_off[j] + head_off;
+      if (jb->staged) { /* one head's rows to f32 (dequantized): stays in L1 */
+        float *dst = stage + (size_t)j * d;
+        kva_cpu_row_to_f32(jb->simd, rows[j], jb->kv_t, d, is_v ? jb->vs : jb->ks, dst);
+        rows[j] = dst;
+      }
+    }
+    kva_dtype rt = jb->staged ? KVA_F32 : jb->kv_t;
+    float *s_h = rs->s + (size_t)hh * ph * KEY_BLOCK;
+    if (!is_v)
+      kva_cpu_qk(jb->simd, ph, rs->qp + hh * ph, rows, rt, nb, d, jb->qk_scale, s_h, KEY_BLOCK,
+                 &pf);
+    else
+      kva_cpu_pv(jb->simd, ph, rs->ap + hh * ph, s_h, KEY_BLOCK, rows, rt, nb, d, &pf);
   }
 }
 
-/* Online softmax of rows over keys [k0, k1) of request r. */
+/* Online softmax step over the block's logits; returns 0 if no row saw a key. */
+static int softmax_block(const job *jb, rowset *rs, int b0, int nb, int masked) {
+  const kva_attn_params *ap = &jb->params;
+  float cap = ap->logit_softcap;
+  int any = 0;
+  for (int i = 0; i < rs->nrows; i++) {
+    float *s = rs->s + (size_t)i * KEY_BLOCK;
+    if (cap > 0.0f)
+      for (int j = 0; j < nb; j++) s[j] = cap * tanhf(s[j] / cap);
+    if (masked)
+      for (int j = 0; j < nb; j++)
+        if (!visible(ap, b0 + j, rs->qpos[i])) s[j] = -INFINITY;
+    float mx = kva_cpu_max(jb->simd, s, nb);
+    if (mx == -INFINITY) { /* nothing visible: weights 0 */
+      for (int j = 0; j < nb; j++) s[j] = 0.0f;
+      continue;
+    }
+    float mnew = rs->m[i] > mx ? rs->m[i] : mx;
+    if (mnew != rs->m[i]) {
+      float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
+      kva_cpu_scale(jb->simd, rs->acc + (size_t)i * jb->d, corr, jb->d);
+      rs->l[i] *= corr;
+      rs->m[i] = mnew;
+    }
+    rs->l[i] += kva_cpu_exp_sum(jb->simd, s, nb, mnew);
+    any = 1;
+  }
+  return any;
+}
+
+/* Attention of the rowset over keys [k0, k1) of request r. */
 static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
   const kva_plan *p = jb->plan;
-  const kva_pool *pool = jb->pool;
   const kva_attn_params *ap = &jb->params;
-  int d = jb->d, n = rs->nrows, ph = rs->per_head;
   const int32_t *pages = p->page_table + (size_t)r * p->hdr.page_table_stride;
-  size_t row_elems = pool->token_elems;
-  const char *kbuf = (const char *)pool->k[jb->layer], *vbuf = (const char *)pool->v[jb->layer];
-  int fp8 = pool->cfg.kv_dtype == KVA_FP8_E4M3;
-  float ks = fp8 ? pool->k_scale[jb->layer] : 1.0f, vs = fp8 ? pool->v_scale[jb->layer] : 1.0f;
-  /* keys any row can see, and keys every row sees (no mask needed there) */
+  int ps = jb->pool->cfg.page_size;
+  /* keys some row sees [lo, hi), keys every row sees [all_lo, all_hi) */
   int lo = k1, hi = k0, all_lo = k0, all_hi = k1;
-  for (int i = 0; i < n; i++) {
-    int a = ap->window_left >= 0 ? rs->qpos[i] - ap->window_left : 0;
+  for (int i = 0; i < rs->nrows; i++) {
+    int a = ap->window_left >= 0 ? rs->qpos[i] - ap->window_left : k0;
     int b = ap->causal ? rs->qpos[i] + 1 : k1;
     if (a < lo) lo = a;
     if (b > hi) hi = b;
@@ -128,140 +252,81 @@ static void attend(const job *jb, rowset *rs, int r, int k0, int k1) {
   }
   if (lo < k0) lo = k0;
   if (hi > k1) hi = k1;
-  /* 16-bit KV is read in place (converted in registers); fp8 is staged */
-  int in_place = !fp8 && jb->simd;
-  const uint16_t *rows16[KEY_BLOCK];
-  int ps = pool->cfg.page_size;
+  size_t off[KEY_BLOCK], pf[KEY_BLOCK];
   for (int b0 = lo; b0 < hi; b0 += KEY_BLOCK) {
     int nb = hi - b0 < KEY_BLOCK ? hi - b0 : KEY_BLOCK;
+    for (int j = 0; j < nb; j++)
+      off[j] = ((size_t)pages[(b0 + j) / ps] * ps + (size_t)((b0 + j) % ps)) * jb->tok_bytes;
+    /* the block PREFETCH_BLOCKS ahead */
+    int n0 = b0 + PREFETCH_BLOCKS * KEY_BLOCK, npf = hi - n0 < KEY_BLOCK ? hi - n0 : KEY_BLOCK;
+    if (npf < 0) npf = 0;
+    for (int j = 0; j < npf; j++)
+      pf[j] = ((size_t)pages[(n0 + j) / ps] * ps + (size_t)((n0 + j) % ps)) * jb->tok_bytes;
     int masked = b0 < all_lo || b0 + nb > all_hi;
-    if (!in_place) load_block(jb, pages, kbuf, ks, b0, nb, rs->kb);
-    for (int kvh = 0; kvh < jb->hkv; kvh++) {
-      float *s_h = rs->s + (size_t)kvh * ph * KEY_BLOCK;
-      if (in_place) {
-        for (int j = 0; j < nb; j++) {
-          size_t slot = (size_t)pages[(b0 + j) / ps] * ps + (b0 + j) % ps;
-          rows16[j] = (const uint16_t *)kbuf + slot * row_elems + (size_t)kvh * d;
-        }
-        kva_cpu_qk16(jb->simd, ph, rs->qp + kvh * ph, rows16, pool->cfg.kv_dtype, nb, d,
-                     ap->sm_scale, s_h, KEY_BLOCK);
-      } else {
-        kva_cpu_qk(jb->simd, ph, rs->qp + kvh * ph, rs->kb + (size_t)kvh * d, row_elems, nb, d,
-                   ap->sm_scale, s_h, KEY_BLOCK);
-      }
-    }
-    int any = 0;
-    for (int i = 0; i < n; i++) {
-      float *s = rs->s + (size_t)i * KEY_BLOCK, mx = -INFINITY;
-      for (int j = 0; j < nb; j++) {
-        if (masked && !visible(ap, b0 + j, rs->qpos[i])) {
-          s[j] = -INFINITY;
-          continue;
-        }
-        if (ap->logit_softcap > 0.0f) s[j] = ap->logit_softcap * tanhf(s[j] / ap->logit_softcap);
-        if (s[j] > mx) mx = s[j];
-      }
-      if (mx == -INFINITY) { /* nothing visible: contributes nothing */
-        for (int j = 0; j < nb; j++) s[j] = 0.0f;
-        continue;
-      }
-      float mnew = rs->m[i] > mx ? rs->m[i] : mx;
-      float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
-      if (corr != 1.0f) {
-        kva_cpu_scale(jb->simd, rs->acc + (size_t)i * d, corr, d);
-        rs->l[i] *= corr;
-      }
-      rs->m[i] = mnew;
-      rs->l[i] += kva_cpu_exp_sum(jb->simd, s, nb, mnew);
-      any = 1;
-    }
-    if (!any) continue;
-    if (!in_place) load_block(jb, pages, vbuf, vs, b0, nb, rs->vb);
-    for (int kvh = 0; kvh < jb->hkv; kvh++) {
-      const float *s_h = rs->s + (size_t)kvh * ph * KEY_BLOCK;
-      if (in_place) {
-        for (int j = 0; j < nb; j++) {
-          size_t slot = (size_t)pages[(b0 + j) / ps] * ps + (b0 + j) % ps;
-          rows16[j] = (const uint16_t *)vbuf + slot * row_elems + (size_t)kvh * d;
-        }
-        kva_cpu_pv16(jb->simd, ph, rs->ap + kvh * ph, s_h, KEY_BLOCK, rows16, pool->cfg.kv_dtype,
-                     nb, d);
-      } else {
-        kva_cpu_pv(jb->simd, ph, rs->ap + kvh * ph, s_h, KEY_BLOCK, rs->vb + (size_t)kvh * d,
-                   row_elems, nb, d);
-      }
-    }
+    block_heads(jb, rs, 0, off, nb, pf, npf);
+    if (softmax_block(jb, rs, b0, nb, masked)) block_heads(jb, rs, 1, off, nb, pf, npf);
   }
 }
 
-/* Finished rows: normalized O in f32 (in place in acc) and LSE. */
-static void finish_rows(const job *jb, rowset *rs, float *lse_rows) {
+/* Normalizes finished rows in place (acc) and sets their LSE. */
+static void finish_rows(const job *jb, rowset *rs) {
   for (int i = 0; i < rs->nrows; i++) {
     float *acc = rs->acc + (size_t)i * jb->d;
     if (rs->l[i] > 0.0f) {
-      kva_cpu_scale(jb->simd, acc, 1.0f / rs->l[i], jb->d);
-      lse_rows[i] = rs->m[i] + logf(rs->l[i]);
+      kva_cpu_scale(jb->simd, acc, jb->v_factor / rs->l[i], jb->d);
+      rs->lse[i] = rs->m[i] + logf(rs->l[i]);
     } else {
       memset(acc, 0, (size_t)jb->d * sizeof(float));
-      lse_rows[i] = -INFINITY;
+      rs->lse[i] = -INFINITY;
     }
   }
 }
 
-/* Write finished rows of request r to O / LSE. */
-static void write_final(const job *jb, rowset *rs, int r, const float *lse_rows) {
+static void write_final(const job *jb, const rowset *rs, int r) {
   size_t esz = kva_dtype_size(jb->dtype);
   for (int i = 0; i < rs->nrows; i++) {
     int h = rs->head[i];
     size_t tok = (size_t)jb->plan->cu_seqlens_q[r] + rs->tok[i];
     char *dst = (char *)jb->o + (tok * jb->hq + h) * jb->d * esz;
     const float *acc = rs->acc + (size_t)i * jb->d;
-    for (int e = 0; e < jb->d; e++) kva_store_f32(dst, (size_t)e, jb->dtype, acc[e]);
-    if (jb->lse) jb->lse[tok * jb->hq + h] = lse_rows[i];
+    if (jb->dtype == KVA_F32)
+      memcpy(dst, acc, (size_t)jb->d * sizeof(float));
+    else
+      for (int e = 0; e < jb->d; e++) kva_store_f32(dst, (size_t)e, jb->dtype, acc[e]);
+    if (jb->lse) jb->lse[tok * jb->hq + h] = rs->lse[i];
   }
 }
 
 static void decode_task(void *arg, int w, int thread) {
-  (void)thread;
   job *jb = (job *)arg;
   const kva_plan *p = jb->plan;
   const kva_split_work *wk = &p->split_schedule[w];
-  if (wk->begin_req > wk->end_req) return;
-  rowset rs;
-  float *lse_rows = (float *)malloc((size_t)KVA_MAX_DECODE_Q * jb->hq * sizeof(float));
-  if (!lse_rows || !rowset_alloc(&rs, KVA_MAX_DECODE_Q * jb->hq, jb->d, jb->hkv)) {
-    free(lse_rows);
-    jb->status = KVA_ERR_OUT_OF_MEMORY;
-    return;
-  }
   float *partial_o = (float *)p->partial_o, *partial_lse = (float *)p->partial_lse;
+  rowset rs;
   for (int r = wk->begin_req; r <= wk->end_req; r++) {
     int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
-    if (nsplit == 0) continue; /* extend request */
+    if (nsplit == 0) continue; /* extend request, or no keys */
     int k0 = r == wk->begin_req ? wk->begin_pos : 0;
     int k1 = r == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
     int j = r == wk->begin_req ? wk->begin_split : 0;
     int nt = p->num_new[r];
-    load_rows(jb, &rs, r, 0, nt);
+    load_rows(jb, &rs, thread, r, 0, nt, 0, jb->hkv);
     attend(jb, &rs, r, k0, k1);
-    finish_rows(jb, &rs, lse_rows);
+    finish_rows(jb, &rs);
     if (nsplit == 1) {
-      write_final(jb, &rs, r, lse_rows);
+      write_final(jb, &rs, r);
       continue;
     }
     for (int i = 0; i < rs.nrows; i++) {
-      int t = rs.tok[i], h = rs.head[i];
-      size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + t;
-      memcpy(partial_o + (row * jb->hq + h) * jb->d, rs.acc + (size_t)i * jb->d,
+      size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + rs.tok[i];
+      memcpy(partial_o + (row * jb->hq + rs.head[i]) * jb->d, rs.acc + (size_t)i * jb->d,
              (size_t)jb->d * sizeof(float));
-      partial_lse[row * jb->hq + h] = lse_rows[i];
+      partial_lse[row * jb->hq + rs.head[i]] = rs.lse[i];
     }
   }
-  free(rs.q);
-  free(lse_rows);
 }
 
-/* Combine: one task per decode request with more than one split. */
+/* Combine: one task per decode request; those with one chunk have nothing to do. */
 static void combine_task(void *arg, int idx, int thread) {
   (void)thread;
   job *jb = (job *)arg;
@@ -270,70 +335,58 @@ static void combine_task(void *arg, int idx, int thread) {
   int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
   if (nsplit <= 1) return;
   const float *po = (const float *)p->partial_o, *pl = (const float *)p->partial_lse;
-  const float **rows = (const float **)malloc((size_t)nsplit * sizeof(float *));
-  float *lses = (float *)malloc((size_t)nsplit * sizeof(float));
-  if (!rows || !lses) {
-    free(rows);
-    free(lses);
-    jb->status = KVA_ERR_OUT_OF_MEMORY;
-    return;
-  }
   size_t esz = kva_dtype_size(jb->dtype);
   int nt = p->num_new[r];
   for (int t = 0; t < nt; t++)
     for (int h = 0; h < jb->hq; h++) {
-      for (int j = 0; j < nsplit; j++) {
-        size_t row = (size_t)p->split_row_offset[r] + (size_t)j * nt + t;
-        rows[j] = po + (row * jb->hq + h) * jb->d;
-        lses[j] = pl[row * jb->hq + h];
-      }
+      size_t row0 = (size_t)p->split_row_offset[r] + (size_t)t;
       size_t tok = (size_t)p->cu_seqlens_q[r] + t;
       float lse;
-      kva_cpu_merge_rows(nsplit, jb->d, rows, lses, (char *)jb->o + (tok * jb->hq + h) * jb->d * esz,
+      /* split j's row is row0 + j * nt */
+      kva_cpu_merge_rows(nsplit, jb->d, po + (row0 * jb->hq + h) * jb->d,
+                         (size_t)nt * jb->hq * jb->d, pl + row0 * jb->hq + h,
+                         (size_t)nt * jb->hq, (char *)jb->o + (tok * jb->hq + h) * jb->d * esz,
                          jb->dtype, &lse);
       if (jb->lse) jb->lse[tok * jb->hq + h] = lse;
     }
-  free(rows);
-  free(lses);
 }
 
-/* Extend tasks: (extend request, query chunk), claimed dynamically. */
-typedef struct {
-  job *jb;
-  int *task_req, *task_t0; /* [ntasks / hkv] */
-} extend_job;
-
+/* Extend tasks: request i of extend_reqs owns tasks [start[i], start[i+1]),
+ * its query chunks from the last (most keys) down, each over every kv head. */
 static void extend_task(void *arg, int idx, int thread) {
-  (void)thread;
-  extend_job *ej = (extend_job *)arg;
-  job *jb = ej->jb;
-  int r = ej->task_req[idx], t0 = ej->task_t0[idx];
-  int nt = jb->plan->num_new[r] - t0;
-  if (nt > EXTEND_Q_CHUNK) nt = EXTEND_Q_CHUNK;
-  rowset rs;
-  float *lse_rows = (float *)malloc((size_t)EXTEND_Q_CHUNK * jb->hq * sizeof(float));
-  if (!lse_rows || !rowset_alloc(&rs, EXTEND_Q_CHUNK * jb->hq, jb->d, jb->hkv)) {
-    free(lse_rows);
-    jb->status = KVA_ERR_OUT_OF_MEMORY;
-    return;
+  job *jb = (job *)arg;
+  const kva_plan *p = jb->plan;
+  const int32_t *start = jb->cp->ext_task_start;
+  int lo = 0, hi = p->num_extend - 1;
+  while (lo < hi) { /* last i with start[i] <= idx */
+    int mid = (lo + hi + 1) / 2;
+    if (start[mid] <= idx) lo = mid;
+    else hi = mid - 1;
   }
-  load_rows(jb, &rs, r, t0, nt);
-  attend(jb, &rs, r, 0, jb->plan->cache_seqlens[r]);
-  finish_rows(jb, &rs, lse_rows);
-  write_final(jb, &rs, r, lse_rows);
-  free(rs.q);
-  free(lse_rows);
+  int r = p->extend_reqs[lo], local = idx - start[lo];
+  int chunk = local / jb->hkv, kvh = local % jb->hkv;
+  int nchunks = (p->num_new[r] + jb->ext_tokens - 1) / jb->ext_tokens;
+  int t0 = (nchunks - 1 - chunk) * jb->ext_tokens;
+  int nt = p->num_new[r] - t0 < jb->ext_tokens ? p->num_new[r] - t0 : jb->ext_tokens;
+  rowset rs;
+  load_rows(jb, &rs, thread, r, t0, nt, kvh, 1);
+  attend(jb, &rs, r, 0, p->cache_seqlens[r]);
+  finish_rows(jb, &rs);
+  write_final(jb, &rs, r);
 }
 
 kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
                              const kva_attn_params *params, const void *q, void *o, float *lse,
                              kva_dtype dtype) {
   kva_cpu_state *st = kva_cpu_state_of(plan->ctx);
+  const cpu_plan *cp = (const cpu_plan *)plan->backend_plan;
+  if (!cp || cp->num_threads < kva_threadpool_size(st->pool))
+    return kva_set_error(KVA_ERR_INTERNAL, "kva_attention: CPU plan scratch missing");
   job jb;
   memset(&jb, 0, sizeof(jb));
   jb.plan = plan;
   jb.pool = pool;
-  jb.layer = layer;
+  jb.cp = cp;
   jb.params = *params;
   jb.q = q;
   jb.o = o;
@@ -344,39 +397,33 @@ kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
   jb.group = jb.hq / jb.hkv;
   jb.d = pool->cfg.head_dim;
   jb.simd = st->simd;
+  jb.ext_tokens = extend_tokens(jb.group);
+  jb.kv_t = pool->cfg.kv_dtype;
+  jb.kbuf = (const char *)pool->k[layer];
+  jb.vbuf = (const char *)pool->v[layer];
+  int fp8 = jb.kv_t == KVA_FP8_E4M3;
+  jb.ks = fp8 ? pool->k_scale[layer] : 1.0f;
+  jb.vs = fp8 ? pool->v_scale[layer] : 1.0f;
+  jb.head_bytes = (size_t)jb.d * kva_dtype_size(jb.kv_t);
+  jb.tok_bytes = jb.head_bytes * (size_t)jb.hkv;
+  jb.staged = !jb.simd;
   if (jb.params.sm_scale == 0.0f) jb.params.sm_scale = 1.0f / sqrtf((float)jb.d);
-  jb.status = KVA_OK;
+  int fused_fp8 = fp8 && !jb.staged;
+  jb.qk_scale = jb.params.sm_scale * (fused_fp8 ? jb.ks * KVA_CPU_FP8_DIV : 1.0f);
+  jb.v_factor = fused_fp8 ? jb.vs * KVA_CPU_FP8_DIV : 1.0f;
 
   if (plan->num_decode > 0) {
     kva_threadpool_run(st->pool, plan->cfg.num_workers, decode_task, &jb);
     kva_threadpool_run(st->pool, plan->num_decode, combine_task, &jb);
   }
   if (plan->num_extend > 0) {
-    int items = 0;
-    for (int i = 0; i < plan->num_extend; i++)
-      items += (plan->num_new[plan->extend_reqs[i]] + EXTEND_Q_CHUNK - 1) / EXTEND_Q_CHUNK;
-    extend_job ej = {&jb, (int *)malloc((size_t)items * sizeof(int)),
-                     (int *)malloc((size_t)items * sizeof(int))};
-    if (!ej.task_req || !ej.task_t0) {
-      free(ej.task_req);
-      free(ej.task_t0);
-      return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "kva_attention: out of host memory");
-    }
-    /* later query chunks see more keys: put them first so the tail is short */
-    int n = 0;
+    int32_t *start = cp->ext_task_start;
+    start[0] = 0;
     for (int i = 0; i < plan->num_extend; i++) {
-      int r = plan->extend_reqs[i];
-      for (int t0 = ((plan->num_new[r] - 1) / EXTEND_Q_CHUNK) * EXTEND_Q_CHUNK; t0 >= 0;
-           t0 -= EXTEND_Q_CHUNK) {
-        ej.task_req[n] = r;
-        ej.task_t0[n++] = t0;
-      }
+      int nt = plan->num_new[plan->extend_reqs[i]];
+      start[i + 1] = start[i] + (nt + jb.ext_tokens - 1) / jb.ext_tokens * jb.hkv;
     }
-    kva_threadpool_run(st->pool, items, extend_task, &ej);
-    free(ej.task_req);
-    free(ej.task_t0);
+    kva_threadpool_run(st->pool, start[plan->num_extend], extend_task, &jb);
   }
-  if (jb.status != KVA_OK)
-    return kva_set_error(jb.status, "kva_attention: out of host memory in a CPU task");
   return KVA_OK;
 }

@@ -1,33 +1,35 @@
-/* Merging partial attention states by their LSE (FlashInfer's merge_state). */
+/* Merging partial attention states by their LSE (FlashInfer's merge_state),
+ * shared by kva_merge_states and the split-KV combine of attention. */
 #include <math.h>
 #include <stdlib.h>
 
 #include "core/dtype.h"
 #include "cpu/cpu_internal.h"
 
-void kva_cpu_merge_rows(int n, int d, const float *const *rows, const float *lses, void *out,
-                        kva_dtype dtype, float *lse_out) {
+void kva_cpu_merge_rows(int n, int d, const float *o, size_t o_stride, const float *lse,
+                        size_t lse_stride, void *out, kva_dtype dtype, float *lse_out) {
   float m = -INFINITY;
-  for (int j = 0; j < n; j++)
-    if (lses[j] > m) m = lses[j];
-  if (m == -INFINITY) { /* no keys anywhere */
+  for (int j = 0; j < n; j++) {
+    float s = lse[(size_t)j * lse_stride];
+    if (s > m) m = s;
+  }
+  if (m == -INFINITY) { /* no keys in any state */
     for (int e = 0; e < d; e++) kva_store_f32(out, (size_t)e, dtype, 0.0f);
     if (lse_out) *lse_out = -INFINITY;
     return;
   }
-  float sum = 0.0f, w[64];
   float acc[KVA_MLA_HEAD_DIM];
   for (int e = 0; e < d; e++) acc[e] = 0.0f;
-  for (int j0 = 0; j0 < n; j0 += 64) {
-    int nj = n - j0 < 64 ? n - j0 : 64;
-    for (int j = 0; j < nj; j++) {
-      w[j] = lses[j0 + j] == -INFINITY ? 0.0f : expf(lses[j0 + j] - m);
-      sum += w[j];
-      if (w[j] != 0.0f)
-        for (int e = 0; e < d; e++) acc[e] += w[j] * rows[j0 + j][e];
-    }
+  float sum = 0.0f;
+  for (int j = 0; j < n; j++) {
+    float s = lse[(size_t)j * lse_stride];
+    if (s == -INFINITY) continue; /* its O row may be anything; it weighs 0 */
+    float w = expf(s - m);
+    const float *row = o + (size_t)j * o_stride;
+    sum += w;
+    for (int e = 0; e < d; e++) acc[e] += w * row[e];
   }
-  float inv = 1.0f / sum;
+  float inv = 1.0f / sum; /* sum >= 1: the largest state has weight 1 */
   for (int e = 0; e < d; e++) kva_store_f32(out, (size_t)e, dtype, acc[e] * inv);
   if (lse_out) *lse_out = m + logf(sum);
 }
@@ -36,23 +38,20 @@ kva_status kva_cpu_merge_states(kva_context *ctx, int num_tokens, int num_heads,
                                 kva_dtype dtype, const void *v_a, const float *s_a,
                                 const void *v_b, const float *s_b, void *v_out, float *s_out) {
   (void)ctx;
-  float *ra = (float *)malloc((size_t)head_dim * 2 * sizeof(float));
-  if (!ra) return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "kva_merge_states: out of host memory");
-  float *rb = ra + head_dim;
-  size_t esz = kva_dtype_size(dtype);
-  for (int t = 0; t < num_tokens; t++)
-    for (int h = 0; h < num_heads; h++) {
-      size_t i = (size_t)t * num_heads + h, base = i * (size_t)head_dim;
-      for (int e = 0; e < head_dim; e++) {
-        ra[e] = kva_load_f32(v_a, base + e, dtype);
-        rb[e] = kva_load_f32(v_b, base + e, dtype);
-      }
-      const float *rows[2] = {ra, rb};
-      float lses[2] = {s_a[i], s_b[i]};
-      float lse;
-      kva_cpu_merge_rows(2, head_dim, rows, lses, (char *)v_out + base * esz, dtype, &lse);
-      if (s_out) s_out[i] = lse;
+  /* both inputs of a row are read into f32 before its output is written, so
+   * v_out/s_out may alias a's (or b's) buffers */
+  float rows[2 * KVA_MLA_HEAD_DIM];
+  size_t esz = kva_dtype_size(dtype), nrows = (size_t)num_tokens * (size_t)num_heads;
+  for (size_t i = 0; i < nrows; i++) {
+    size_t base = i * (size_t)head_dim;
+    for (int e = 0; e < head_dim; e++) {
+      rows[e] = kva_load_f32(v_a, base + (size_t)e, dtype);
+      rows[head_dim + e] = kva_load_f32(v_b, base + (size_t)e, dtype);
     }
-  free(ra);
+    float lses[2] = {s_a[i], s_b[i]}, lse;
+    kva_cpu_merge_rows(2, head_dim, rows, (size_t)head_dim, lses, 1, (char *)v_out + base * esz,
+                       dtype, &lse);
+    if (s_out) s_out[i] = lse;
+  }
   return KVA_OK;
 }

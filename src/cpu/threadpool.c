@@ -7,6 +7,7 @@
 struct kva_threadpool {
   int n;  /* threads including the caller */
   pthread_t *threads;
+  pthread_mutex_t run_mu; /* one job at a time when callers share a context */
   pthread_mutex_t mu;
   pthread_cond_t wake, done;
   unsigned long generation;
@@ -57,12 +58,17 @@ kva_threadpool *kva_threadpool_create(int num_threads) {
   kva_threadpool *tp = (kva_threadpool *)calloc(1, sizeof(*tp));
   if (!tp) return NULL;
   tp->n = num_threads;
+  pthread_mutex_init(&tp->run_mu, NULL);
   pthread_mutex_init(&tp->mu, NULL);
   pthread_cond_init(&tp->wake, NULL);
   pthread_cond_init(&tp->done, NULL);
   atomic_init(&tp->next, 0);
   tp->threads = (pthread_t *)calloc((size_t)num_threads, sizeof(pthread_t));
   if (!tp->threads) {
+    pthread_mutex_destroy(&tp->run_mu);
+    pthread_mutex_destroy(&tp->mu);
+    pthread_cond_destroy(&tp->wake);
+    pthread_cond_destroy(&tp->done);
     free(tp);
     return NULL;
   }
@@ -88,6 +94,7 @@ void kva_threadpool_destroy(kva_threadpool *tp) {
   pthread_cond_broadcast(&tp->wake);
   pthread_mutex_unlock(&tp->mu);
   for (int i = 1; i < tp->n; i++) pthread_join(tp->threads[i], NULL);
+  pthread_mutex_destroy(&tp->run_mu);
   pthread_mutex_destroy(&tp->mu);
   pthread_cond_destroy(&tp->wake);
   pthread_cond_destroy(&tp->done);
@@ -103,6 +110,7 @@ void kva_threadpool_run(kva_threadpool *tp, int num_tasks, kva_task_fn fn, void 
     for (int t = 0; t < num_tasks; t++) fn(arg, t, 0);
     return;
   }
+  pthread_mutex_lock(&tp->run_mu);
   pthread_mutex_lock(&tp->mu);
   tp->fn = fn;
   tp->arg = arg;
@@ -116,4 +124,5 @@ void kva_threadpool_run(kva_threadpool *tp, int num_tasks, kva_task_fn fn, void 
   pthread_mutex_lock(&tp->mu);
   while (tp->busy > 0) pthread_cond_wait(&tp->done, &tp->mu);
   pthread_mutex_unlock(&tp->mu);
+  pthread_mutex_unlock(&tp->run_mu);
 }

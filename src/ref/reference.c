@@ -1,7 +1,10 @@
+/* Double-precision reference: plain loops, no SIMD, no threads. */
 #include "ref/reference.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+#include "core/internal.h"
 
 void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
                        int num_qo_heads, int num_kv_heads, int head_dim,
@@ -14,6 +17,14 @@ void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_
   for (int r = 0; r < num_requests; r++) {
     int kv_len = num_cached[r] + num_new[r];
     double *x = (double *)malloc((size_t)(kv_len > 0 ? kv_len : 1) * sizeof(double));
+    if (!x) { /* out of memory: NaN rows make any comparison fail loudly */
+      for (int t = 0; t < num_new[r]; t++, tok++)
+        for (int h = 0; h < num_qo_heads; h++) {
+          for (int e = 0; e < d; e++) o[(tok * num_qo_heads + h) * d + e] = NAN;
+          if (lse) lse[tok * num_qo_heads + h] = NAN;
+        }
+      continue;
+    }
     for (int t = 0; t < num_new[r]; t++, tok++) {
       int pos = num_cached[r] + t;
       for (int h = 0; h < num_qo_heads; h++) {
@@ -83,11 +94,19 @@ double kva_ref_max_abs_error(const double *ref, const float *out, size_t n) {
 
 kva_status kva_ref_read_request_kv(const kva_pool *pool, const kva_req_table *table, int slot,
                                    int layer, int len, float **k, float **v) {
-  const kva_pool_config *c = kva_pool_get_config(pool);
-  const int32_t *slots = kva_req_tokens(table, slot);
+  static const char *fn = "kva_ref_read_request_kv";
+  KVA_CHECK_NULL(pool, fn);
+  KVA_CHECK_NULL(table, fn);
+  KVA_CHECK_NULL(k, fn);
   *k = NULL;
   if (v) *v = NULL;
-  if (!c || !slots) return KVA_ERR_STATE;
+  const kva_pool_config *c = kva_pool_get_config(pool);
+  const int32_t *slots = kva_req_tokens(table, slot);
+  if (!slots)
+    return kva_set_error(KVA_ERR_STATE, "%s: request slot %d is not live", fn, slot);
+  if (len < 0 || len > kva_req_len(table, slot))
+    return kva_set_error(KVA_ERR_OUT_OF_RANGE, "%s: len %d is not in [0, %d]", fn, len,
+                         kva_req_len(table, slot));
   size_t n = (size_t)(len > 0 ? len : 1) * c->num_kv_heads * c->head_dim;
   int mla = c->layout == KVA_LAYOUT_MLA;
   *k = (float *)malloc(n * sizeof(float));
@@ -96,7 +115,7 @@ kva_status kva_ref_read_request_kv(const kva_pool *pool, const kva_req_table *ta
     free(*k);
     free(vv);
     *k = NULL;
-    return KVA_ERR_OUT_OF_MEMORY;
+    return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
   kva_status st = kva_pool_read_tokens(pool, layer, len, slots, *k, vv);
   if (st != KVA_OK) {
