@@ -45,10 +45,10 @@ for r in tor:
 pre = rows(os.path.join(d, "bench_prefill.jsonl"))
 if pre:
     print("prefill (TFLOP/s, causal counted as half; vs torch cuDNN SDPA dense in the same call)")
-    print(f"{'B':>3} {'S':>6} {'heads':>6} {'d':>4} {'causal':>6} {'ms':>8} {'TFLOP/s':>8} {'cuDNN':>7} {'x':>6}")
+    print(f"{'kernel':>6} {'mode':>7} {'B':>3} {'S':>6} {'heads':>6} {'d':>4} {'causal':>6} {'ms':>8} {'TFLOP/s':>8} {'cuDNN':>7} {'x':>6}")
     for r in pre:
         key = (g(r, "ctx"), g(r, "head_dim"), g(r, "heads"), bool(g(r, "causal", default=1)))
-        c = cud.get(key)
+        c = cud.get(key) if g(r, "mode") != "mixed" else None
         x = f"{r['tflops']/c:6.2f}" if c else "     -"
-        print(f"{g(r,'batch'):>3} {g(r,'ctx'):>6} {g(r,'heads'):>6} {g(r,'head_dim'):>4} {int(bool(g(r,'causal',default=1))):>6} "
+        print(f"{g(r,'kernel'):>6} {g(r,'mode'):>7} {g(r,'batch'):>3} {g(r,'ctx'):>6} {g(r,'heads'):>6} {g(r,'head_dim'):>4} {int(bool(g(r,'causal',default=1))):>6} "
               f"{r['time_ms']:8.3f} {r['tflops']:8.1f} {(c or 0):7.1f} {x}")

@@ -3,7 +3,8 @@
 # table last. Logs and JSON go under $OUT (the device tool returns them).
 #
 #   bash scripts/device_run.sh [stage ...]     stages: info check sanitize test
-#                                              decode prefill torch graph (default: all)
+#                                              decode prefill torch graph mma (default: all
+#                                              but mma)
 # Binaries: $KVA_BIN (default .dist, made here by scripts/stage_device.sh) or a
 # fresh build in build-cuda when .dist is absent.
 set -uo pipefail
@@ -16,7 +17,7 @@ if [ ! -x "$BIN/kvattn" ]; then
     cmake --build build-cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   BIN=build-cuda
 fi
-stages=${*:-info check sanitize test decode prefill torch}
+stages=${*:-info check sanitize test decode prefill torch graph}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -55,6 +56,14 @@ if has test; then
   done
 fi
 
+if has mma; then
+  # the mma.sync extend kernel where wgmma is the default (KVA_EXTEND_WGMMA=0)
+  KVA_EXTEND_WGMMA=0 timeout 200 "$BIN/test_cuda_extend" >"$OUT/mma_test.log" 2>&1
+  note "mma.sync test_cuda_extend: rc=$? $(tail -1 "$OUT/mma_test.log")"
+  KVA_EXTEND_WGMMA=0 timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 11 >"$OUT/mma_check.log" 2>&1
+  note "mma.sync check cuda: rc=$? $(tail -1 "$OUT/mma_check.log")"
+fi
+
 if has decode; then
   D="$OUT/bench_decode.jsonl"
   : >"$D"
@@ -70,19 +79,28 @@ if has decode; then
 fi
 
 if has prefill; then
+  # every row twice: the wgmma extend kernel (default; d=128 16-bit KV, other
+  # rows run mma.sync either way) and the mma.sync one (KVA_EXTEND_WGMMA=0)
   P="$OUT/bench_prefill.jsonl"
   : >"$P"
+  pf() { for kern in mma wgmma; do
+      KVA_EXTEND_WGMMA=$([ $kern = wgmma ] && echo 1 || echo 0) "$K" bench --device cuda --page 16 \
+        --dtype bf16 --kv-dtype bf16 --json "$@" | sed "s/^{/{\"kernel\":\"$kern\",/" >>"$P"
+    done; }
   for s in 512 1024 2048 4096 8192 16384; do
     b=$((16384 / s))
-    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+    pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 1
   done
   for s in 1024 4096 16384; do
     b=$((16384 / s))
-    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 0 --json >>"$P"
-    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 64 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
-    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 256 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
-    "$K" bench --device cuda --mode prefill --batch $b --ctx $s --heads 32:8 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --causal 1 --json >>"$P"
+    pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 0
+    pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 64 --causal 1
+    pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 256 --causal 1
+    pf --mode prefill --batch $b --ctx $s --heads 32:8 --head-dim 128 --causal 1
   done
+  # mixed extend batches: 32 requests, prefix U[0, 8192], new tokens U[1, 2048]
+  pf --mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 16:16 --head-dim 128 --causal 1
+  pf --mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 32:8 --head-dim 128 --causal 1
 fi
 
 if has torch; then
@@ -102,3 +120,7 @@ echo
 echo "================ summary ================"
 cat "$SUMMARY"
 python3 scripts/bench_table.py "$OUT" 2>&1 | tee "$OUT/table.txt"
+# the device tool returns at most 8 files: pack the logs into one archive
+tar czf /tmp/kva_logs.tgz -C "$OUT" --exclude=summary.txt --exclude=table.txt . &&
+  find "$OUT" -maxdepth 1 -type f ! -name summary.txt ! -name table.txt -delete &&
+  mv /tmp/kva_logs.tgz "$OUT/logs.tgz"

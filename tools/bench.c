@@ -14,7 +14,7 @@
 
 typedef struct {
   kva_device dev;
-  int prefill, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers;
+  int prefill, mixed, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers;
   kva_dtype dtype, kv_dtype;
 } bench_opts;
 
@@ -93,7 +93,10 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
       double x = L + cli_normal(rng) * L / 2.0;
       len = x < 1 ? 1 : (int)x;
     }
-    if (o->prefill) {
+    if (o->mixed) { /* prefix uniform in [0, --prefix], new tokens in [1, L] */
+      cached[i] = kva_rng_int(rng, 0, o->prefix);
+      nnew[i] = kva_rng_int(rng, 1, L);
+    } else if (o->prefill) {
       cached[i] = o->prefix;
       nnew[i] = len;
     } else {
@@ -190,14 +193,14 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
            "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
            "\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
            "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f}\n",
-           o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->prefill ? "prefill" : "decode", B, L,
+           o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L,
            o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
            o->causal, o->prefix, layers, iters, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling);
   } else {
     printf("%-7s B=%-4d L=%-6d%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
            "%.2f TFLOP/s, ceiling %.1f GB/s, ratio %.3f\n",
-           o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "", heads, o->d, o->page,
+           o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "", heads, o->d, o->page,
            kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling);
   }
@@ -218,14 +221,16 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill] [--batch B[,B..]]\n"
+          "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill|mixed] [--batch B[,B..]]\n"
           "                    [--ctx L[,L..]] [--heads HQ:HKV] [--head-dim D] [--page P]\n"
           "                    [--dtype bf16|f16] [--kv-dtype bf16|f16|fp8] [--varlen]\n"
           "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N]\n"
           "                    [--layers N] [--json]\n"
           "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens\n"
-          "after --prefix cached ones. --varlen draws lengths from N(L, L/2) clipped at 1 (fixed\n"
-          "seed). Comma lists in --batch/--ctx run every combination (progress on stderr).\n"
+          "after --prefix cached ones; mixed: B requests of U[0, --prefix] cached and U[1, L]\n"
+          "new tokens (requests of <= 8 new tokens run as decode). --varlen draws lengths from\n"
+          "N(L, L/2) clipped at 1. Lengths use a fixed seed. Comma lists in --batch/--ctx run\n"
+          "every combination (progress on stderr).\n"
           "Reports the median time of --iters runs (default 5 CPU, 30 CUDA; CUDA: event timing),\n"
           "GB/s of K+V read in the storage dtype + page table, TFLOP/s (4*hq*d per visible\n"
           "query-key pair), and the ratio to a copy ceiling from the same run (CPU: memcpy of\n"
@@ -235,7 +240,7 @@ static void usage(FILE *f) {
 }
 
 int cli_bench(int argc, char **argv) {
-  bench_opts o = {KVA_DEVICE_CPU, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
+  bench_opts o = {KVA_DEVICE_CPU, 0, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
   int batches[32] = {16}, ctxs[32] = {4096}, nb = 1, nc = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -261,8 +266,10 @@ int cli_bench(int argc, char **argv) {
       if (!cli_parse_device(v, &o.dev)) goto bad;
       i++;
     } else if (!strcmp(a, "--mode")) {
+      o.mixed = 0;
       if (!strcmp(v, "decode")) o.prefill = 0;
       else if (!strcmp(v, "prefill")) o.prefill = 1;
+      else if (!strcmp(v, "mixed")) o.prefill = o.mixed = 1;
       else goto bad;
       i++;
     } else if (!strcmp(a, "--batch")) {

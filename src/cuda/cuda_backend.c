@@ -1,5 +1,7 @@
-/* The CUDA backend: device selection, memory, streams, and the hooks that
- * route to the kernels (cuda_kernels.cu) and the plan upload (plan_upload.c). */
+/* The CUDA backend: device selection, memory, streams, the attention
+ * dispatch, and the hooks that route to the kernels (store.cu, merge.cu,
+ * decode.cu, extend.cu, simple_attention.cu) and the plan upload
+ * (plan_upload.c). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -16,7 +18,7 @@ static kva_status cuda_init(kva_context *ctx, const kva_context_config *cfg) {
   if (e != cudaSuccess || count == 0)
     return kva_set_error(KVA_ERR_NO_DEVICE, "kva_context_create: no CUDA device present (%s)",
                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-  if (cfg->cuda_device >= count)
+  if (cfg->cuda_device < 0 || cfg->cuda_device >= count)
     return kva_set_error(KVA_ERR_NO_DEVICE, "kva_context_create: cuda_device %d, but %d present",
                          cfg->cuda_device, count);
   KVA_CUDA_TRY(cudaSetDevice(cfg->cuda_device));
@@ -90,23 +92,58 @@ static kva_status cuda_set_stream(kva_context *ctx, void *stream) {
   ctx->stream = st->stream;
   return KVA_OK;
 }
+/* The decode grid is (workers, kv heads): enough workers that every SM
+ * holds the CTAs per SM the decode kernel is sized for. */
 static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads) {
-  (void)pool;
   (void)num_qo_heads;
-  return kva_cuda_state_of(ctx)->num_sms;
+  const int ctas = kva_cuda_decode_ctas_per_sm(pool->cfg.head_dim);
+  const int hkv = pool->cfg.num_kv_heads > 0 ? pool->cfg.num_kv_heads : 1;
+  const int w = ctas * kva_cuda_state_of(ctx)->num_sms / hkv;
+  return w > 1 ? w : 1;
 }
 
+/* Runs of consecutive src and dst slots (a fork copies a page prefix) move
+ * in one stream-ordered copy per layer and buffer. */
 static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src, const int32_t *dst) {
   cudaStream_t s = kva_cuda_state_of(pool->ctx)->stream;
   size_t tb = pool->token_elems * kva_dtype_size(pool->cfg.kv_dtype);
-  for (int l = 0; l < pool->cfg.num_layers; l++)
-    for (int b = 0; b < 2; b++) {
-      char *buf = (char *)(b == 0 ? pool->k[l] : pool->v[l]);
-      if (!buf) continue;
-      for (int i = 0; i < count; i++)
-        KVA_CUDA_TRY(cudaMemcpyAsync(buf + (size_t)dst[i] * tb, buf + (size_t)src[i] * tb, tb,
-                                     cudaMemcpyDeviceToDevice, s));
+  for (int i = 0; i < count;) {
+    /* ranges of a run never overlap (cudaMemcpy has no memmove semantics) */
+    const int64_t gap = (int64_t)dst[i] > src[i] ? (int64_t)dst[i] - src[i] : (int64_t)src[i] - dst[i];
+    int n = 1;
+    while (i + n < count && src[i + n] == src[i] + n && dst[i + n] == dst[i] + n && gap > n) n++;
+    if (gap == 0) { /* a slot onto itself */
+      i += n;
+      continue;
     }
+    for (int l = 0; l < pool->cfg.num_layers; l++)
+      for (int b = 0; b < 2; b++) {
+        char *buf = (char *)(b == 0 ? pool->k[l] : pool->v[l]);
+        if (!buf) continue;
+        KVA_CUDA_TRY(cudaMemcpyAsync(buf + (size_t)dst[i] * tb, buf + (size_t)src[i] * tb,
+                                     (size_t)n * tb, cudaMemcpyDeviceToDevice, s));
+      }
+    i += n;
+  }
+  return KVA_OK;
+}
+
+/* Decode requests: the split-KV tensor-core kernel (decode.cu) where it
+ * applies, else the CUDA-core kernel; extend requests: the tensor-core
+ * extend kernel (extend.cu), which falls back to the CUDA-core kernel
+ * itself. Graph mode runs the decode path whatever the host counts say
+ * (the kernels read the real counts on the device). */
+kva_status kva_cuda_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                              const kva_attn_params *params, const void *q, void *o, float *lse,
+                              kva_dtype dtype) {
+  if (plan->num_decode > 0 || plan->graph_mode) {
+    kva_status st = kva_cuda_decode_attention(plan, pool, layer, params, q, o, lse, dtype);
+    if (st == KVA_ERR_UNSUPPORTED)
+      st = kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
+    if (st != KVA_OK) return st;
+  }
+  if (plan->num_extend > 0 && !plan->graph_mode)
+    return kva_cuda_extend_attention(plan, pool, layer, params, q, o, lse, dtype);
   return KVA_OK;
 }
 

@@ -71,7 +71,7 @@ static inline kva_cuda_plan *kva_cuda_plan_of(const kva_plan *plan) {
   return (kva_cuda_plan *)plan->backend_plan;
 }
 
-/* Plan hooks (plan_upload.c) and kernels (cuda_kernels.cu). */
+/* Plan hooks (plan_upload.c) and kernels (store.cu, cuda_backend.c dispatch, merge.cu). */
 kva_status kva_cuda_plan_init(kva_plan *plan);
 kva_status kva_cuda_plan_upload(kva_plan *plan);
 void kva_cuda_plan_free(kva_plan *plan);
@@ -89,6 +89,10 @@ kva_status kva_cuda_merge_states(kva_context *ctx, int num_tokens, int num_heads
 kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                      const kva_attn_params *params, const void *q, void *o,
                                      float *lse, kva_dtype dtype);
+
+/* CTAs per SM the decode kernel is sized for at this head dim (decode.cu);
+ * default_workers fills the SMs with workers x kv heads of them. */
+int kva_cuda_decode_ctas_per_sm(int head_dim);
 
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);

@@ -22,7 +22,7 @@ typedef struct kva_ext_plan {
   cudaEvent_t done;  /* staging may be rewritten once the last upload completed */
   int pending;
   int grid[3][4]; /* persistent grid per (head dim, Q type, fp8), sized at first use */
-  int wgmma;      /* KVA_EXTEND_WGMMA=1 at plan creation: experimental d=128 kernel */
+  int wgmma;      /* d=128 16-bit KV on wgmma unless KVA_EXTEND_WGMMA=0 at plan creation */
   int grid_wg[2];
 } kva_ext_plan;
 
@@ -58,7 +58,7 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
   ep->bm = ext_bm_for(plan->pool->cfg.head_dim);
   {
     const char *env = getenv("KVA_EXTEND_WGMMA"); /* read once, kept in the plan */
-    ep->wgmma = env != NULL && env[0] == '1';
+    ep->wgmma = !(env != NULL && env[0] == '0');
   }
   if (ep->bm == 0) return KVA_OK; /* every extend request goes to the fallback */
   /* Tiles <= sum over extend requests of ceil(n / bm) <= max_q / bm + #extend,

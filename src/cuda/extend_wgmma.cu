@@ -1,7 +1,6 @@
-/* Launcher of the experimental wgmma extend kernel (head_dim 128, f16/bf16
- * Q with same-type KV). Off unless the plan was created with
- * KVA_EXTEND_WGMMA=1 in the environment; the mma.sync kernels stay the
- * default. */
+/* Launcher of the wgmma extend kernel (head_dim 128, f16/bf16
+ * Q with same-type KV), the default for those shapes; a plan created with
+ * KVA_EXTEND_WGMMA=0 in the environment keeps the mma.sync kernel. */
 #include "cuda/extend_wgmma.cuh"
 
 template <int QT>

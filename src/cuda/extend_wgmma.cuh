@@ -1,5 +1,5 @@
-/* Extend (prefill) attention on Hopper wgmma: EXPERIMENTAL, head_dim 128,
- * f16/bf16 Q with same-type KV (anything else keeps the mma.sync kernel).
+/* Extend (prefill) attention on Hopper wgmma (the default for head_dim 128,
+ * f16/bf16 Q with same-type KV; anything else keeps the mma.sync kernel).
  *
  * Same work items, tile schedule and paged cp.async gather as the mma.sync
  * kernel (extend_kernel.cuh), but a CTA is 2 warpgroups of 64 query rows
@@ -28,8 +28,7 @@
 #define KVA_WG_TILE (128 * 256) /* bytes of a Q, K or V tile */
 #define KVA_WG_STAGES 3
 /* 1 KB alignment slack, Q, 3 stages of (K, V), the item slots: 230656 B */
-#define KVA_WG_SMEM \
-  (1024 + KVA_WG_TILE + KVA_WG_STAGES * 2 * KVA_WG_TILE + KVA_EXT_ITEM_BYTES)
+#define KVA_WG_SMEM (1024 + KVA_WG_TILE + KVA_WG_STAGES * 2 * KVA_WG_TILE + KVA_EXT_ITEM_BYTES)
 #define KVA_WG_ORS 272 /* row stride of the (padded, unswizzled) O staging */
 
 /* Byte offset of 16-byte chunk c (0..15) of row `row` in a 128-row tile. */
@@ -98,7 +97,10 @@ static __device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4
 template <int QT>
 static __device__ __forceinline__ void wg_issue_s(float s[64], uint32_t q_wg, uint32_t k_s) {
 #pragma unroll
-  for (int i = 0; i < 64; i++) s[i] = 0.f;
+  for (int i = 0; i < 64; i++) {
+    s[i] = 0.f;
+    kva_reg_fence_f32(&s[i]); /* written before the wgmma.fence, not sunk past it */
+  }
   kva_wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 8; j++) {
@@ -110,8 +112,15 @@ static __device__ __forceinline__ void wg_issue_s(float s[64], uint32_t q_wg, ui
 
 /* O += P V for one key tile (issued, committed, not waited). */
 template <int QT>
-static __device__ __forceinline__ void wg_issue_pv(float o[64], const uint32_t pk[16][2],
-                                                   uint32_t v_s) {
+static __device__ __forceinline__ void wg_issue_pv(float o[64], uint32_t pk[16][2], uint32_t v_s) {
+  /* O (rescaled) and P are written before the wgmma.fence, not sunk past it */
+#pragma unroll
+  for (int i = 0; i < 64; i++) kva_reg_fence_f32(&o[i]);
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    kva_reg_fence_u32(&pk[j][0]);
+    kva_reg_fence_u32(&pk[j][1]);
+  }
   kva_wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < 8; kk++) {
@@ -127,10 +136,9 @@ static __device__ __forceinline__ void wg_issue_pv(float o[64], const uint32_t p
  * warp's first row. */
 template <int QT>
 static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2], float m[2],
-                                                 float l[2], float alpha[2], int k0,
-                                                 int need_mask, int p_w, int kv_len, int causal,
-                                                 int window_left, float qk_mul, float cap_log2,
-                                                 int lane) {
+                                                 float l[2], float alpha[2], int k0, int need_mask,
+                                                 int p_w, int kv_len, int causal, int window_left,
+                                                 float qk_mul, float cap_log2, int lane) {
   /* logits in log2 units are mul * s (see ext_step) */
   float mul = qk_mul;
   if (cap_log2 != 0.f) {
@@ -190,9 +198,33 @@ static __device__ __forceinline__ void wg_rescale(float o[64], const float alpha
   }
 }
 
+/* A value every lane of the warp holds (loaded from smem, derived from the
+ * warp index), broadcast from lane 0 so that ptxas sees it warp-uniform:
+ * otherwise branches on it count as divergent and it serializes the wgmmas
+ * around them (CUTLASS's canonical_warp_idx_sync does the same). */
+static __device__ __forceinline__ int wg_uni(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 static __device__ __forceinline__ void wg_fence_acc(float d[64]) {
 #pragma unroll
   for (int i = 0; i < 64; i++) kva_reg_fence_f32(&d[i]);
+}
+
+static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[16][2], float m[2], float l[2],
+                                                        float alpha[2], int *rescale) {
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    kva_reg_fence_u32(&pn[j][0]);
+    kva_reg_fence_u32(&pn[j][1]);
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    kva_reg_fence_f32(&m[i]);
+    kva_reg_fence_f32(&l[i]);
+    kva_reg_fence_f32(&alpha[i]);
+  }
+  uint32_t r = (uint32_t)*rescale;
+  kva_reg_fence_u32(&r);
+  *rescale = (int)r;
 }
 
 template <int QT>
@@ -210,7 +242,8 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
   volatile ext_item *const its = (volatile ext_item *)(p_base + KVA_WG_TILE + NS * STG);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = warp >> 2, row_w = 16 * warp; /* warpgroup; first tile row of the warp */
+  /* warpgroup (made visibly warp-uniform, see wg_uni); first tile row of the warp */
+  const int wg = wg_uni(warp >> 2), row_w = 16 * warp;
   const int my_row = lane < 16 ? 2 * warp + (lane & 1) + 16 * (lane >> 1) : 0;
 
   int pre = -1;
@@ -224,7 +257,7 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     volatile ext_item *const it = &its[round & 1], *const nx = &its[(round & 1) ^ 1];
     __syncthreads(); /* *it written; the previous round is done with smem */
     if (!it->valid) break;
-    const int ntiles = it->ntiles;
+    const int ntiles = wg_uni(it->ntiles);
     if (!it->pref && ntiles > 0) {
       pre = ext_slot(it->pt, it->kb + my_row, it->kv_len, a.page_size, a.ps_mul, a.ps_shift);
       const uint32_t st = s_ring + it->base * STG;
@@ -240,21 +273,22 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     for (int i = 0; i < 64; i++) o[i] = 0.f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
-    uint32_t pk[16][2]; /* P of the tile whose P V is still to be issued */
-    int have_p = 0;     /* ... and whether there is one (its V: the previous tile's stage) */
+    uint32_t pk[16][2];  /* P of the tile whose P V is still to be issued */
+    int have_p = 0;      /* ... whether there is one */
+    uint32_t v_pend = 0; /* ... and its V */
 
     for (int n = 0; n < ntiles; n++) {
       kva_cp_async_wait<0>();
       kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
-      __syncthreads(); /* tile n landed; every P V older than tile n-1 is complete */
-      const int kb = it->kb, kv_len = it->kv_len, base = it->base;
+      __syncthreads();              /* tile n landed; every P V older than tile n-1 is complete */
+      const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len), base = wg_uni(it->base);
       {
         /* tile n+1 goes to the stage of tile n-2, whose P V completed */
         const uint32_t st = s_ring + ((base + n + 1) % NS) * STG;
         if (n + 1 < ntiles) {
           wg_issue_kv(st, st + KVA_WG_TILE, pre, it->kg, it->vg, a.hkv * D, tid);
-          pre = n + 2 < ntiles ? ext_slot(it->pt, kb + (n + 2) * BN + my_row, kv_len,
-                                          a.page_size, a.ps_mul, a.ps_shift)
+          pre = n + 2 < ntiles ? ext_slot(it->pt, kb + (n + 2) * BN + my_row, kv_len, a.page_size,
+                                          a.ps_mul, a.ps_shift)
                                : -1;
         } else {
           ext_item x = ext_item_of<D, 0, BM, BN>(&a, round + 1);
@@ -263,8 +297,8 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
             x.pref = 1;
             pre = ext_slot(x.pt, x.kb + my_row, x.kv_len, a.page_size, a.ps_mul, a.ps_shift);
             wg_issue_kv(st, st + KVA_WG_TILE, pre, x.kg, x.vg, a.hkv * D, tid);
-            pre = x.ntiles > 1 ? ext_slot(x.pt, x.kb + BN + my_row, x.kv_len, a.page_size,
-                                          a.ps_mul, a.ps_shift)
+            pre = x.ntiles > 1 ? ext_slot(x.pt, x.kb + BN + my_row, x.kv_len, a.page_size, a.ps_mul,
+                                          a.ps_shift)
                                : -1;
           }
           if (tid == 0) ext_item_store(nx, x);
@@ -272,45 +306,54 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
         kva_cp_async_commit();
       }
       const uint32_t k_s = s_ring + ((base + n) % NS) * STG;
-      const uint32_t v_prev = s_ring + ((base + n + NS - 1) % NS) * STG + KVA_WG_TILE;
       const int k0 = kb + n * BN;
-      /* a warpgroup skips a tile none of its rows can see (only finishing
-       * the pending P V) */
-      const int p_lo = it->p_first + 64 * wg, p_hi = min(p_lo + 63, it->p_last);
-      if (k0 >= kv_len || (a.causal && k0 > p_hi) ||
-          (a.window_left >= 0 && k0 + BN - 1 < p_lo - a.window_left)) {
-        if (have_p) {
-          wg_issue_pv<QT>(o, pk, v_prev);
-          kva_wgmma_wait<0>();
-          wg_fence_acc(o);
-          have_p = 0;
-        }
-        continue;
-      }
+      /* Both warpgroups compute every tile of the item, a tile none of a
+       * warpgroup's rows can see fully masked (at most one per item and
+       * warpgroup, past the diagonal or before the window): any branch
+       * around the wgmma sequence, even one without a wgmma in it, makes
+       * ptxas serialize all of them (C7513). */
+      const int p_lo = wg_uni(it->p_first) + 64 * wg, p_hi = min(p_lo + 63, wg_uni(it->p_last));
       const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
                             (a.window_left >= 0 && k0 < p_hi - a.window_left);
+      /* Straight-line wgmma sequences on each path: ptxas tracks the groups
+       * in flight per path and would otherwise serialize every wgmma. */
       float s[64];
-      wg_issue_s<QT>(s, s_q + 64 * wg * 128, k_s);
-      if (have_p) wg_issue_pv<QT>(o, pk, v_prev);
-      /* S is the older group: wait for it alone, P V may still run */
-      if (have_p)
-        kva_wgmma_wait<1>();
-      else
-        kva_wgmma_wait<0>();
-      wg_fence_acc(s);
       uint32_t pn[16][2];
       float alpha[2];
-      const int rescale =
-          wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, it->p_first + row_w, kv_len,
-                         a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+      int rescale;
+      const int p_w = wg_uni(it->p_first) + row_w;
       if (have_p) {
-        kva_wgmma_wait<0>();
-        wg_fence_acc(o);
+        wg_issue_s<QT>(s, s_q + 64 * wg * 128, k_s);
+        wg_issue_pv<QT>(o, pk, v_pend);
+        kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
+        wg_fence_acc(s);
+        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_w, kv_len, a.causal,
+                                 a.window_left, a.qk_mul, a.cap_log2, lane);
+        /* pin the softmax before the wait: otherwise the compiler sinks it
+         * to its uses after the wait and nothing overlaps P V */
+        wg_fence_softmax(pn, m, l, alpha, &rescale);
+        /* the wait under a branch on the softmax's vote keeps ptxas from
+         * hoisting it above the softmax */
+        if (rescale) {
+          kva_wgmma_wait<0>();
+          wg_fence_acc(o);
+          wg_rescale(o, alpha);
+        } else {
+          kva_wgmma_wait<0>();
+          wg_fence_acc(o);
+        }
+        rescale = 0;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
           kva_reg_fence_u32(&pk[j][0]);
           kva_reg_fence_u32(&pk[j][1]);
         }
+      } else {
+        wg_issue_s<QT>(s, s_q + 64 * wg * 128, k_s);
+        kva_wgmma_wait<0>();
+        wg_fence_acc(s);
+        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_w, kv_len, a.causal,
+                                 a.window_left, a.qk_mul, a.cap_log2, lane);
       }
       if (rescale) wg_rescale(o, alpha);
 #pragma unroll
@@ -319,10 +362,10 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
         pk[j][1] = pn[j][1];
       }
       have_p = 1;
+      v_pend = k_s + KVA_WG_TILE;
     }
-    if (have_p) { /* the last tile's P V */
-      const uint32_t v_last = s_ring + ((it->base + ntiles - 1) % NS) * STG + KVA_WG_TILE;
-      wg_issue_pv<QT>(o, pk, v_last);
+    if (have_p) { /* the last P V */
+      wg_issue_pv<QT>(o, pk, v_pend);
       kva_wgmma_wait<0>();
       wg_fence_acc(o);
     }

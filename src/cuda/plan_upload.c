@@ -71,11 +71,18 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   cp->d_split_schedule = (kva_split_work *)(d + m.sched);
   cp->d_page_table = d + m.page_table;
   /* the whole block once, so kernels captured before any batch read zeros */
-  KVA_CUDA_TRY(cudaMemcpyAsync(cp->d_meta, cp->h_meta, cp->meta_ints * 4, cudaMemcpyHostToDevice,
-                               kva_cuda_state_of(plan->ctx)->stream));
-  KVA_CUDA_TRY(cudaEventRecord(cp->upload_done, kva_cuda_state_of(plan->ctx)->stream));
+  cudaStream_t s = kva_cuda_state_of(plan->ctx)->stream;
+  e = cudaMemcpyAsync(cp->d_meta, cp->h_meta, cp->meta_ints * 4, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaEventRecord(cp->upload_done, s);
+  if (e != cudaSuccess) {
+    kva_status st = kva_cuda_error(e, "plan metadata upload", __FILE__, __LINE__);
+    kva_cuda_plan_free(plan); /* the planner frees only what a successful init made */
+    return st;
+  }
   cp->upload_pending = 1;
-  return kva_cuda_extend_plan_init(plan); /* the extend path's tile schedule */
+  kva_status st = kva_cuda_extend_plan_init(plan); /* the extend path's tile schedule */
+  if (st != KVA_OK) kva_cuda_plan_free(plan);
+  return st;
 }
 
 kva_status kva_cuda_plan_upload(kva_plan *plan) {

@@ -103,6 +103,43 @@ static __device__ __forceinline__ uint32_t kva_f16x2_to_bf16x2(uint32_t h) {
   return r;
 }
 
+/* Byte permute: result byte i = byte sel[4i+3:4i] of the 8-byte value {b, a}
+ * (a = bytes 0-3). */
+static __device__ __forceinline__ uint32_t kva_prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+/* Two e4m3 (low byte first) -> bf16x2, exact (through f16x2). */
+static __device__ __forceinline__ uint32_t kva_cvt_e4m3x2_bf16x2(uint16_t x) {
+  return kva_f16x2_to_bf16x2(kva_cvt_e4m3x2_f16x2(x));
+}
+
+/* ---- warp shuffles ---------------------------------------------------------- */
+
+static __device__ __forceinline__ float kva_shfl_xor_f32(float v, int mask) {
+  return __shfl_xor_sync(0xffffffffu, v, mask);
+}
+/* max / sum over the 4 lanes of a quad (lanes 4g..4g+3: one mma row) */
+static __device__ __forceinline__ float kva_quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+static __device__ __forceinline__ float kva_quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+static __device__ __forceinline__ float kva_warp_max(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+static __device__ __forceinline__ float kva_warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
 /* ---- fast math ------------------------------------------------------------ */
 
 /* 2^x (relative error ~2^-22; -inf -> +0). */

@@ -147,8 +147,8 @@ static void compute(Warp &W) {
       op.da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
       op.db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
       for (int t = 0; t < 32; t++) {
-        memcpy(&op.d[t], &W.in[t][0], sizeof(float *));
-        memcpy(&op.a[t], &W.in[t][2], sizeof(uint32_t *));
+        memcpy((void *)&op.d[t], (const void *)&W.in[t][0], sizeof op.d[t]); /* pointer bits */
+        memcpy((void *)&op.a[t], (const void *)&W.in[t][2], sizeof op.a[t]);
         memcpy(op.d0[t], op.d[t], 256);
         if (op.a[t]) memcpy(op.a0[t], op.a[t], 16);
         if (W.in[t][72] != W.in[0][72] || W.in[t][68] != W.in[0][68] || W.in[t][70] != W.in[0][70]) {

@@ -1,0 +1,538 @@
+/* Split-KV decode attention on tensor cores (FlashDecoding / FlashInfer
+ * style), device code only; decode_dN.cu launches it.
+ *
+ * Persistent grid (num_workers, hkv * row groups): CTA (w, y) walks worker
+ * w's entry of the plan's split schedule for kv head y % hkv. All query rows
+ * of a request that share the kv head (group heads x 1..8 new tokens, row i
+ * = token i / group, head i % group) are the rows of one 16*MT-row tile, so
+ * every K/V byte is read once per row group. K/V tiles of BK keys are
+ * gathered page by page with 16-byte cp.async into a STAGES-deep smem ring;
+ * each of the 4 warps takes KW keys of a tile: S = Q K^T (mma.sync
+ * m16n8k16, ldmatrix), mask, soft-cap, online softmax in registers (base 2),
+ * O += P V (ldmatrix.trans). At the end of a request chunk the warps' (m, l,
+ * O) are merged in smem and written as O (single-chunk request) or as a
+ * partial row that kva_dec_combine_kernel merges by LSE.
+ *
+ * fp8 KV is copied as bytes (half the traffic) and converted in registers:
+ * K -> Q's type with the head dim permuted inside each 16-wide k-step (Q is
+ * staged in smem with the same permutation, so Q.K is unchanged); V -> f16
+ * through byte-transposing ldmatrix.trans + prmt, which permutes O's
+ * columns (undone when O leaves the registers). P.V then runs in f16 (P in
+ * [0, 1], V exact), k_scale is folded into qk_mul and v_scale into o_mul. */
+#ifndef KVA_CUDA_DECODE_KERNEL_CUH
+#define KVA_CUDA_DECODE_KERNEL_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/decode.h"
+#include "cuda/ptx.cuh"
+
+#define KVA_DEC_LN2 0.6931471805599453f
+
+/* fp8 tiles: 16-byte chunk c of tile row `row` sits at chunk c ^ dec_swz(row)
+ * (rows of 128 or 256 bytes: row & 7; 64-byte rows share a 128-byte line in
+ * pairs: (row >> 1) & 3). */
+template <int D>
+static __device__ __forceinline__ int dec_swz(int row) {
+  static_assert(D == 64 || D == 128 || D == 256, "fp8 row swizzle");
+  return D == 64 ? (row >> 1) & 3 : row & 7;
+}
+
+/* KV slot of `key` (page table row pt), -1 at or past k1. */
+static __device__ __forceinline__ int dec_slot(const int32_t *pt, int key, int k1, int ps,
+                                               uint32_t ps_mul, int ps_shift) {
+  if (key >= k1) return -1;
+  /* key / ps by multiply-high (exact for key < 2^31) */
+  const uint32_t pg = (__umulhi((uint32_t)key, ps_mul) + (uint32_t)key) >> ps_shift;
+  return __ldg(pt + pg) * ps + (key - (int)pg * ps);
+}
+
+/* Issues one K and one V tile into kdst/vdst. Thread tid copies chunk
+ * tid % CH of rows tid / CH + i * RPI; the slot of each row comes from lane
+ * i * RW + lane / CH of the warp, whose `pre` holds the slot of tile row
+ * warp * RW + lane % RW + (lane / RW) * RPI (dec_pre). Rows past the chunk
+ * (slot -1) are zero-filled so that masked P * V stays finite. kg/vg point
+ * at the kv head's row of slot 0; row_bytes = hkv * D * KVB. */
+template <int D, int KV8>
+static __device__ __forceinline__ void dec_issue(uint32_t kdst, uint32_t vdst, int pre,
+                                                 const unsigned char *kg,
+                                                 const unsigned char *vg, int64_t row_bytes,
+                                                 int tid) {
+  constexpr int KVB = KV8 ? 1 : 2, CH = D * KVB / 16, RPI = KVA_DEC_THREADS / CH;
+  constexpr int LIT = KVA_DEC_BK(KV8) / RPI, RW = 32 / CH, RS = KVA_DEC_RS(D, KV8);
+  static_assert(CH <= 32 && 32 % CH == 0 && KVA_DEC_BK(KV8) % RPI == 0, "copy mapping");
+  const int lane = tid & 31, c = tid % CH;
+#pragma unroll
+  for (int i = 0; i < LIT; i++) {
+    const int slot = __shfl_sync(0xffffffffu, pre, i * RW + lane / CH);
+    const int row = tid / CH + i * RPI;
+    const uint32_t dst = (uint32_t)(row * RS + (KV8 ? c ^ dec_swz<D>(row) : c) * 16);
+    const int64_t off = (slot >= 0 ? (int64_t)slot * row_bytes : 0) + c * 16;
+    const int bytes = slot >= 0 ? 16 : 0;
+    kva_cp_async_16(kdst + dst, kg + off, bytes);
+    kva_cp_async_16(vdst + dst, vg + off, bytes);
+  }
+}
+
+/* This lane's row slot for the tile starting at key kt (see dec_issue). */
+template <int D, int KV8>
+static __device__ __forceinline__ int dec_pre(const int32_t *pt, int kt, int k1, int ps,
+                                              uint32_t ps_mul, int ps_shift, int tid) {
+  constexpr int CH = D * (KV8 ? 1 : 2) / 16, RPI = KVA_DEC_THREADS / CH, RW = 32 / CH;
+  const int lane = tid & 31, warp = tid >> 5;
+  if (lane >= KVA_DEC_BK(KV8) / 4) return -1; /* rows of the warp: BK / 4 */
+  const int row = warp * RW + lane % RW + (lane / RW) * RPI;
+  return dec_slot(pt, kt + row, k1, ps, ps_mul, ps_shift);
+}
+
+/* Q rows [row0, row0 + 16 MT) of request r for kv head kvh -> smem (16-bit,
+ * stride QRS; zero rows past `rows`). fp8 KV: within each 16-element block
+ * the 32-bit words are stored permuted (word P at 4 (P & 1) + (P >> 1)), the
+ * order in which the fp8 ldmatrix fragments deliver K's head dims. */
+template <int D, int KV8, int MT>
+static __device__ __forceinline__ void dec_load_q(unsigned char *sq, const kva_dec_args &a,
+                                                  int tok0, int kvh, int row0, int rows,
+                                                  int tid) {
+  constexpr int QRS = KVA_DEC_QRS(D), C8 = D / 8; /* 16-byte chunks per row */
+  for (int idx = tid; idx < 16 * MT * C8; idx += KVA_DEC_THREADS) {
+    const int row = idx / C8, c8 = idx % C8, grow = row0 + row;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (grow < rows) {
+      const int t = grow / a.group, h = kvh * a.group + grow % a.group;
+      x = *(const uint4 *)((const uint16_t *)a.q + ((size_t)(tok0 + t) * a.hq + h) * D + c8 * 8);
+    }
+    unsigned char *dst = sq + row * QRS;
+    if (KV8) {
+      const int hb = c8 & 1; /* half of the 16-element block */
+      uint32_t *blk = (uint32_t *)(dst + (c8 >> 1) * 32);
+      *(uint2 *)(blk + 2 * hb) = make_uint2(x.x, x.z);
+      *(uint2 *)(blk + 4 + 2 * hb) = make_uint2(x.y, x.w);
+    } else {
+      *(uint4 *)(dst + c8 * 16) = x;
+    }
+  }
+}
+
+template <int QT>
+static __device__ __forceinline__ void dec_mma(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+  if (QT == KVA_F16)
+    kva_mma_f16(c, a, b0, b1);
+  else
+    kva_mma_bf16(c, a, b0, b1);
+}
+template <int QT>
+static __device__ __forceinline__ uint32_t dec_pack(float lo, float hi) {
+  return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
+}
+/* two e4m3 (low 16 bits of x) -> the QK MMA type */
+template <int QT>
+static __device__ __forceinline__ uint32_t dec_e4m3x2(uint32_t x) {
+  return QT == KVA_F16 ? kva_cvt_e4m3x2_f16x2((uint16_t)(x & 0xffffu))
+                       : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
+}
+
+/* Four consecutive outputs of dtype QT (8 bytes). */
+template <int QT>
+static __device__ __forceinline__ void dec_store4(void *p, float x0, float x1, float x2,
+                                                  float x3) {
+  *(uint2 *)p = make_uint2(dec_pack<QT>(x0, x1), dec_pack<QT>(x2, x3));
+}
+
+template <int D, int QT, int KV8, int MT>
+__global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
+    kva_dec_kernel(const kva_dec_args a) {
+  constexpr int KVB = KV8 ? 1 : 2;
+  constexpr int KW = KVA_DEC_KW(KV8), BK = KVA_DEC_BK(KV8), NT = KW / 8;
+  constexpr int RS = KVA_DEC_RS(D, KV8), QRS = KVA_DEC_QRS(D);
+  constexpr int TILE = KVA_DEC_TILE_BYTES(D, KV8), STAGE = KVA_DEC_STAGE_BYTES(D, KV8);
+  constexpr int STAGES = KVA_DEC_STAGES(D, KV8, MT), QB = KVA_DEC_Q_BYTES(D, MT);
+  constexpr int ON = D / 8; /* O n-tiles */
+  constexpr int OS = KVA_DEC_OS(D), ROWS = 16 * MT;
+  static_assert(STAGES >= 2, "smem budget holds fewer than two stages");
+  static_assert(KVA_DEC_SCRATCH_BYTES(D, MT) <= STAGES * STAGE, "merge scratch exceeds the ring");
+  static_assert(D % 32 == 0 && (MT == 1 || MT == 2), "tile shape");
+
+  extern __shared__ __align__(128) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
+  const kva_plan_header *hdr = a.hdr;
+  if ((int)blockIdx.x >= hdr->num_workers) return;
+  const int kvh = (int)blockIdx.y % a.hkv, rg = (int)blockIdx.y / a.hkv;
+  const int row0 = rg * ROWS;
+  const kva_split_work wk = a.sched[blockIdx.x];
+  const uint32_t s_q = kva_smem_u32(smem), s_ring = s_q + QB;
+  float *const scr_o = (float *)(smem + QB);               /* [4][ROWS][OS], after the loop */
+  float *const scr_m = scr_o + KVA_DEC_WARPS * ROWS * OS;   /* [4][ROWS] */
+  float *const scr_l = scr_m + KVA_DEC_WARPS * ROWS;        /* [4][ROWS] */
+  const int64_t row_bytes = (int64_t)a.hkv * D * KVB;
+  const unsigned char *const kg = (const unsigned char *)a.k + (size_t)kvh * D * KVB;
+  const unsigned char *const vg = (const unsigned char *)a.v + (size_t)kvh * D * KVB;
+  const int ps = a.page_size, ps_shift = a.ps_shift;
+  const uint32_t ps_mul = a.ps_mul;
+  const bool cap = a.cap_log2 != 0.0f;
+  /* fp8 ldmatrix rows are (multiple of 8) + (lane & 7): their swizzle is per lane */
+  const int swz = KV8 ? dec_swz<D>(lane & 7) : 0;
+
+  for (int r = wk.begin_req; r <= wk.end_req; r++) {
+    const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+    if (nsplit == 0) continue; /* extend request: not on this path */
+    const int nt = a.num_new[r], rows = nt * a.group;
+    if (row0 >= rows) continue; /* no rows of this row group */
+    const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
+    const int split = r == wk.begin_req ? wk.begin_split : 0;
+    const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
+    int k0 = r == wk.begin_req ? wk.begin_pos : 0;
+    /* keys below every row's window are skipped, not loaded */
+    if (a.window_left >= 0 && cached - a.window_left > k0) k0 = cached - a.window_left;
+    const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
+    const int tok0 = a.cu_q[r];
+    const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
+    const bool mt1 = MT > 1 && rows - row0 > 16; /* second m-tile holds rows */
+
+    /* token of each of this lane's rows (mask positions) */
+    int trow[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) trow[mi][h] = (row0 + 16 * mi + g + 8 * h) / a.group;
+
+    /* pipeline prologue: tiles 0 .. STAGES-2, one commit group each */
+    int pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+      if (s < ntiles) {
+        dec_issue<D, KV8>(s_ring + s * STAGE, s_ring + s * STAGE + TILE, pre, kg, vg, row_bytes,
+                          tid);
+        pre = dec_pre<D, KV8>(pt, k0 + (s + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
+      }
+      kva_cp_async_commit();
+    }
+    /* Q after the KV copies are in flight (plain loads; visible to every
+     * warp after the first barrier of the key loop) */
+    dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+
+    float o[MT][ON][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) {
+#pragma unroll
+      for (int n = 0; n < ON; n++) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+      m[mi][0] = m[mi][1] = -INFINITY;
+      l[mi][0] = l[mi][1] = 0.0f;
+    }
+
+    for (int it = 0; it < ntiles; it++) {
+      kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
+      __syncthreads();                 /* everyone's did; tile it-1's stage is free */
+      {
+        const int nx = it + STAGES - 1;
+        if (nx < ntiles) {
+          const uint32_t st = s_ring + (nx % STAGES) * STAGE;
+          dec_issue<D, KV8>(st, st + TILE, pre, kg, vg, row_bytes, tid);
+          pre = dec_pre<D, KV8>(pt, k0 + (nx + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
+        }
+        kva_cp_async_commit();
+      }
+      const uint32_t sk = s_ring + (it % STAGES) * STAGE, sv = sk + TILE;
+      const int kt = k0 + it * BK, kw0 = kt + warp * KW; /* first key of the tile, of the warp */
+
+      /* ---- S = Q K^T over this warp's KW keys ---- */
+      float s[MT][NT][4];
+#pragma unroll
+      for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int j = 0; j < NT; j++) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.0f;
+#pragma unroll
+      for (int c = 0; c < D / 16; c++) {
+        uint32_t kb[NT][2];
+        if (KV8) { /* matrix i = keys 8i..8i+7 of the warp, bytes 16c..16c+15 */
+          uint32_t kr[4];
+          kva_ldmatrix_x4(kr, sk + (warp * KW + 8 * (lane >> 3) + (lane & 7)) * RS +
+                                  16 * (c ^ swz));
+#pragma unroll
+          for (int j = 0; j < NT; j++) {
+            kb[j][0] = dec_e4m3x2<QT>(kr[j]);
+            kb[j][1] = dec_e4m3x2<QT>(kr[j] >> 16);
+          }
+        } else { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) of the k-step */
+          uint32_t kr[4];
+          kva_ldmatrix_x4(kr, sk + (warp * KW + (lane >> 4) * 8 + (lane & 7)) * RS +
+                                  (16 * c + ((lane >> 3) & 1) * 8) * 2);
+          kb[0][0] = kr[0];
+          kb[0][1] = kr[1];
+          kb[NT - 1][0] = kr[2];
+          kb[NT - 1][1] = kr[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) {
+          if (mi > 0 && !mt1) continue;
+          uint32_t qa[4];
+          kva_ldmatrix_x4(qa, s_q + (16 * mi + ((lane >> 3) & 1) * 8 + (lane & 7)) * QRS +
+                                  (16 * c + (lane >> 4) * 8) * 2);
+#pragma unroll
+          for (int j = 0; j < NT; j++) dec_mma<QT>(s[mi][j], qa, kb[j][0], kb[j][1]);
+        }
+      }
+
+      /* ---- logits (base 2), mask ---- */
+      const bool need_mask = kt + BK > k1 || (a.causal && kt + BK - 1 > cached) ||
+                             (a.window_left >= 0 && kt < cached + nt - 1 - a.window_left);
+#pragma unroll
+      for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            float x = s[mi][j][e];
+            x = cap ? a.cap_log2 * (1.0f - 2.0f * kva_rcp(kva_ex2(x * a.qk_mul) + 1.0f))
+                    : x * a.qk_mul;
+            if (need_mask) {
+              const int key = kw0 + 8 * j + 2 * q + (e & 1), pos = cached + trow[mi][e >> 1];
+              const bool vis = key < k1 && (!a.causal || key <= pos) &&
+                               (a.window_left < 0 || key >= pos - a.window_left);
+              if (!vis) x = -INFINITY;
+            }
+            s[mi][j][e] = x;
+          }
+
+      /* ---- online softmax per row (rows g and g + 8 of each m-tile) ---- */
+#pragma unroll
+      for (int mi = 0; mi < MT; mi++) {
+        if (mi > 0 && !mt1) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h], s[mi][j][2 * h + 1]));
+          mx = kva_quad_max(mx);
+          const float mn = fmaxf(m[mi][h], mx);
+          const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
+          const float sc = kva_ex2(m[mi][h] - mu);
+          m[mi][h] = mn;
+          float sum = 0.0f;
+#pragma unroll
+          for (int j = 0; j < NT; j++) {
+            const float p0 = kva_ex2(s[mi][j][2 * h] - mu), p1 = kva_ex2(s[mi][j][2 * h + 1] - mu);
+            s[mi][j][2 * h] = p0;
+            s[mi][j][2 * h + 1] = p1;
+            sum += p0 + p1;
+          }
+          l[mi][h] = l[mi][h] * sc + sum;
+#pragma unroll
+          for (int n = 0; n < ON; n++) {
+            o[mi][n][2 * h] *= sc;
+            o[mi][n][2 * h + 1] *= sc;
+          }
+        }
+      }
+
+      /* ---- O += P V ---- */
+#pragma unroll
+      for (int ks = 0; ks < KW / 16; ks++) {
+        uint32_t pa[MT][4];
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) {
+          if (KV8) { /* P.V in f16 */
+            pa[mi][0] = kva_pack_f16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+            pa[mi][1] = kva_pack_f16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+            pa[mi][2] = kva_pack_f16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+            pa[mi][3] = kva_pack_f16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+          } else {
+            pa[mi][0] = dec_pack<QT>(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+            pa[mi][1] = dec_pack<QT>(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+            pa[mi][2] = dec_pack<QT>(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+            pa[mi][3] = dec_pack<QT>(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+          }
+        }
+        /* V rows of the k-step: keys 16 ks + (0-7 | 8-15) of the warp */
+        const uint32_t vrow = sv + (warp * KW + 16 * ks + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS;
+        if (KV8) {
+#pragma unroll
+          for (int b2 = 0; b2 < D / 32; b2++) { /* 32 head dims = two 16-byte blocks */
+            uint32_t vr[4];
+            kva_ldmatrix_x4_trans(vr, vrow + 16 * ((2 * b2 + (lane >> 4)) ^ swz));
+#pragma unroll
+            for (int blk = 0; blk < 2; blk++) {
+              /* bytes (V[2q][2g], V[2q][2g+1], V[2q+1][2g], V[2q+1][2g+1]) ->
+               * (dim 2g: keys 2q, 2q+1 | dim 2g+1: keys 2q, 2q+1) */
+              const uint32_t lo = kva_prmt(vr[2 * blk], 0u, 0x3120u);
+              const uint32_t hi = kva_prmt(vr[2 * blk + 1], 0u, 0x3120u);
+              const uint32_t e0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo & 0xffffu));
+              const uint32_t e1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi & 0xffffu));
+              const uint32_t d0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo >> 16));
+              const uint32_t d1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi >> 16));
+              const int nb = 2 * (2 * b2 + blk); /* even n-tile: dims 2n, odd: 2n + 1 */
+#pragma unroll
+              for (int mi = 0; mi < MT; mi++) {
+                if (mi > 0 && !mt1) continue;
+                kva_mma_f16(o[mi][nb], pa[mi], e0, e1);
+                kva_mma_f16(o[mi][nb + 1], pa[mi], d0, d1);
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int b = 0; b < D / 16; b++) { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) */
+            uint32_t vr[4];
+            kva_ldmatrix_x4_trans(vr, vrow + (16 * b + (lane >> 4) * 8) * 2);
+#pragma unroll
+            for (int mi = 0; mi < MT; mi++) {
+              if (mi > 0 && !mt1) continue;
+              dec_mma<QT>(o[mi][2 * b], pa[mi], vr[0], vr[1]);
+              dec_mma<QT>(o[mi][2 * b + 1], pa[mi], vr[2], vr[3]);
+            }
+          }
+        }
+      }
+    }
+    kva_cp_async_wait<0>(); /* only empty groups remain; the ring becomes scratch */
+    __syncthreads();
+
+    /* ---- merge the 4 warps' states: registers -> scratch ---- */
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int row = 16 * mi + g + 8 * h;
+        const float lsum = kva_quad_sum(l[mi][h]);
+        if (q == 0) {
+          scr_m[warp * ROWS + row] = m[mi][h];
+          scr_l[warp * ROWS + row] = lsum;
+        }
+        float *orow = scr_o + (warp * ROWS + row) * OS;
+        if (KV8) { /* n-tiles 2b, 2b+1 hold dims 16b + 4q + {0, 2} and {1, 3} */
+#pragma unroll
+          for (int b = 0; b < D / 16; b++)
+            *(float4 *)(orow + 16 * b + 4 * q) =
+                make_float4(o[mi][2 * b][2 * h], o[mi][2 * b + 1][2 * h], o[mi][2 * b][2 * h + 1],
+                            o[mi][2 * b + 1][2 * h + 1]);
+        } else {
+#pragma unroll
+          for (int n = 0; n < ON; n++)
+            *(float2 *)(orow + 8 * n + 2 * q) = make_float2(o[mi][n][2 * h], o[mi][n][2 * h + 1]);
+        }
+      }
+    __syncthreads();
+
+    /* ---- scratch -> O (or the partial row), 4 dims per thread ---- */
+    const int rows_here = rows - row0 < ROWS ? rows - row0 : ROWS;
+    for (int idx = tid; idx < rows_here * (D / 4); idx += KVA_DEC_THREADS) {
+      const int row = idx / (D / 4), d4 = idx % (D / 4);
+      float mt = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < KVA_DEC_WARPS; w++) mt = fmaxf(mt, scr_m[w * ROWS + row]);
+      float lt = 0.0f;
+      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (mt != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < KVA_DEC_WARPS; w++) {
+          const float sc = kva_ex2(scr_m[w * ROWS + row] - mt);
+          const float4 v = *(const float4 *)(scr_o + (w * ROWS + row) * OS + 4 * d4);
+          lt += scr_l[w * ROWS + row] * sc;
+          acc.x += v.x * sc;
+          acc.y += v.y * sc;
+          acc.z += v.z * sc;
+          acc.w += v.w * sc;
+        }
+      }
+      const float inv = lt > 0.0f ? a.o_mul / lt : 0.0f;
+      const float lse = lt > 0.0f ? (mt + log2f(lt)) * KVA_DEC_LN2 : -INFINITY;
+      const int grow = row0 + row, t = grow / a.group, h = kvh * a.group + grow % a.group;
+      if (nsplit == 1) {
+        const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+        dec_store4<QT>((uint16_t *)a.o + orow * D + 4 * d4, acc.x * inv, acc.y * inv, acc.z * inv,
+                       acc.w * inv);
+        if (a.lse && d4 == 0) a.lse[orow] = lse;
+      } else {
+        const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
+        *(float4 *)(a.part_o + prow * D + 4 * d4) =
+            make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        if (d4 == 0) a.part_lse[prow] = lse;
+      }
+    }
+    __syncthreads(); /* scratch read before the next request's Q and ring writes */
+  }
+}
+
+/* Merges the chunks of split requests by LSE: block (decode request index,
+ * q head), one token row at a time; warp w sums chunks w, w + 4, ... (lanes
+ * own 4 head dims per 128), then the warps' sums are added in smem.
+ * Requests with one chunk were written directly: early exit. */
+#define KVA_DEC_COMBINE_SMEM (KVA_DEC_WARPS * 2 * 32 * 16 + KVA_DEC_WARPS * 4)
+template <int QT>
+__global__ void __launch_bounds__(KVA_DEC_THREADS) kva_dec_combine_kernel(const kva_dec_args a,
+                                                                          int d) {
+  extern __shared__ __align__(128) unsigned char smem[]; /* KVA_DEC_COMBINE_SMEM bytes */
+  float4(*const red)[2][32] = (float4(*)[2][32])smem;     /* [warp][c][lane] */
+  float *const red_w = (float *)(smem + KVA_DEC_WARPS * 2 * 32 * sizeof(float4));
+  const kva_plan_header *hdr = a.hdr;
+  const int idx = (int)blockIdx.x, h = (int)blockIdx.y;
+  if (idx >= hdr->num_requests - hdr->num_extend) return;
+  const int r = a.decode_reqs[idx];
+  const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+  if (nsplit <= 1) return;
+  const int nt = a.num_new[r], lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int t = 0; t < nt; t++) {
+    const size_t row0 = (size_t)a.split_row_offset[r] + t; /* chunk j: row0 + j * nt */
+    float mx = -INFINITY;
+    for (int j = lane; j < nsplit; j += 32)
+      mx = fmaxf(mx, a.part_lse[(row0 + (size_t)j * nt) * a.hq + h]);
+    mx = kva_warp_max(mx);
+    float4 acc[2];
+    acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    float wsum = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll 2
+      for (int j = warp; j < nsplit; j += KVA_DEC_WARPS) {
+        /* every chunk's row is written (an empty one: O 0, LSE -inf) */
+        const size_t prow = (row0 + (size_t)j * nt) * a.hq + h;
+        const float sj = a.part_lse[prow];
+        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
+        wsum += w;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+          const int e = 4 * lane + 128 * c;
+          if (e < d) {
+            const float4 v = *(const float4 *)(a.part_o + prow * d + e);
+            acc[c].x += w * v.x;
+            acc[c].y += w * v.y;
+            acc[c].z += w * v.z;
+            acc[c].w += w * v.w;
+          }
+        }
+      }
+    }
+    red[warp][0][lane] = acc[0];
+    red[warp][1][lane] = acc[1];
+    if (lane == 0) red_w[warp] = wsum;
+    __syncthreads();
+    if (warp == 0) {
+      float ws = 0.0f;
+#pragma unroll
+      for (int w = 0; w < KVA_DEC_WARPS; w++) ws += red_w[w];
+      const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+      const size_t orow = (size_t)(a.cu_q[r] + t) * a.hq + h;
+#pragma unroll
+      for (int c = 0; c < 2; c++) {
+        const int e = 4 * lane + 128 * c;
+        if (e < d) {
+          float4 s4 = red[0][c][lane];
+#pragma unroll
+          for (int w = 1; w < KVA_DEC_WARPS; w++) {
+            const float4 v = red[w][c][lane];
+            s4.x += v.x;
+            s4.y += v.y;
+            s4.z += v.z;
+            s4.w += v.w;
+          }
+          dec_store4<QT>((uint16_t *)a.o + orow * d + e, s4.x * inv, s4.y * inv, s4.z * inv,
+                         s4.w * inv);
+        }
+      }
+      if (a.lse && lane == 0) a.lse[orow] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+    }
+    __syncthreads(); /* red reused by the next token */
+  }
+}
+
+#endif /* KVA_CUDA_DECODE_KERNEL_CUH */
