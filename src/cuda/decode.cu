@@ -108,12 +108,22 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   /* Eager runs know whether any request was split; graph runs must not
    * depend on the batch, so they always launch (and exit early). */
   if (!plan->graph_mode && plan->hdr.num_splits_total <= plan->num_decode) return KVA_OK;
-  const dim3 cgrid((unsigned)plan->cfg.max_batch, (unsigned)a.hq);
+  /* a programmatic dependent of the decode kernel: its launch overlaps the
+   * decode kernel's tail, its griddepcontrol.wait orders the reads */
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3((unsigned)plan->cfg.max_batch, (unsigned)a.hq);
+  lc.blockDim = dim3(KVA_DEC_THREADS);
+  lc.dynamicSmemBytes = KVA_DEC_COMBINE_SMEM;
+  lc.stream = cs->stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
   if (dtype == KVA_F16)
-    kva_dec_combine_kernel<KVA_F16><<<cgrid, KVA_DEC_THREADS, KVA_DEC_COMBINE_SMEM, cs->stream>>>(a, d);
+    KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_combine_kernel<KVA_F16>, a, d));
   else
-    kva_dec_combine_kernel<KVA_BF16><<<cgrid, KVA_DEC_THREADS, KVA_DEC_COMBINE_SMEM,
-                                                          cs->stream>>>(a, d);
+    KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_combine_kernel<KVA_BF16>, a, d));
   KVA_CUDA_LAUNCH_CHECK("kva_dec_combine_kernel");
   return KVA_OK;
 }

@@ -157,6 +157,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   const kva_plan_header *hdr = a.hdr;
+  /* the combine kernel may be scheduled now; it waits for this grid's end */
+  kva_griddep_launch_dependents();
   if ((int)blockIdx.x >= hdr->num_workers) return;
   const int kvh = (int)blockIdx.y % a.hkv, rg = (int)blockIdx.y / a.hkv;
   const int row0 = rg * ROWS;
@@ -465,6 +467,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS) kva_dec_combine_kernel(const 
   extern __shared__ __align__(128) unsigned char smem[]; /* KVA_DEC_COMBINE_SMEM bytes */
   float4(*const red)[2][32] = (float4(*)[2][32])smem;     /* [warp][c][lane] */
   float *const red_w = (float *)(smem + KVA_DEC_WARPS * 2 * 32 * sizeof(float4));
+  kva_griddep_wait(); /* launched as a dependent of the decode kernel */
   const kva_plan_header *hdr = a.hdr;
   const int idx = (int)blockIdx.x, h = (int)blockIdx.y;
   if (idx >= hdr->num_requests - hdr->num_extend) return;

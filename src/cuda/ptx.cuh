@@ -169,6 +169,16 @@ static __device__ __forceinline__ void kva_wgmma_wait(void) {
 }
 /* Makes this thread's generic-proxy shared writes (st.shared, cp.async)
  * visible to the async proxy (wgmma operands). */
+/* Programmatic dependent launch: a kernel launched with the programmatic
+ * stream serialization attribute may start once every CTA of the kernel
+ * before it called launch_dependents (or exited); wait blocks until that
+ * kernel completed and its memory is visible. */
+static __device__ __forceinline__ void kva_griddep_launch_dependents(void) {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+static __device__ __forceinline__ void kva_griddep_wait(void) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
 static __device__ __forceinline__ void kva_fence_proxy_async_smem(void) {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

@@ -3,6 +3,10 @@
 #pragma once
 #include "../../emu/cuda/ptx.cuh"
 
+/* one kernel at a time here: dependent-launch control is a no-op */
+static inline void kva_griddep_launch_dependents(void) {}
+static inline void kva_griddep_wait(void) {}
+
 static inline uint32_t kva_prmt(uint32_t a, uint32_t b, uint32_t sel) {
   const uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
   uint32_t r = 0;
