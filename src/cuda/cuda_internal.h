@@ -61,6 +61,7 @@ typedef struct kva_cuda_plan {
   int32_t *d_split_row_offset; /* [max_batch + 1] */
   kva_split_work *d_split_schedule; /* [num_workers] */
   int32_t *d_page_table;     /* [max_batch * max_pages_per_req], stride d_hdr->page_table_stride */
+  int32_t *d_split_sem;      /* [max_batch * num_qo_heads], zeroed once; see decode_kernel.cuh */
 
   /* extend (prefill) path: its own tile schedule, filled by
    * kva_cuda_extend_plan and uploaded by it on the same stream */
@@ -85,7 +86,7 @@ kva_status kva_cuda_merge_states(kva_context *ctx, int num_tokens, int num_heads
                                  const void *v_b, const float *s_b, void *v_out, float *s_out);
 
 /* Decode path (decode.cu): the plan's decode requests, split-KV over the
- * schedule, then the combine of split requests. */
+ * schedule, split requests merged in the same kernel. */
 kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                      const kva_attn_params *params, const void *q, void *o,
                                      float *lse, kva_dtype dtype);

@@ -1,8 +1,8 @@
 /* Decode path: the plan's decode requests on the split-KV tensor-core kernel
- * (decode_kernel.cuh, launched per head dim by decode_dN.cu), then the
- * combine of requests split over several workers. Launch shapes come from
- * plan capacities only (max_q_tokens, num_workers, max_batch), never from
- * the batch, so the same launches replay under CUDA graphs. */
+ * (decode_kernel.cuh, launched per head dim by decode_dN.cu), which also
+ * merges the chunks of split requests (the last chunk to finish does it).
+ * Launch shapes come from plan capacities only (max_q_tokens, num_workers),
+ * never from the batch, so the same launch replays under CUDA graphs. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -57,6 +57,7 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   if (dec_smem(d, kv8, mt) > cs->max_smem_optin) return KVA_ERR_UNSUPPORTED;
   const int64_t gy = (int64_t)pc->num_kv_heads * row_groups;
   if (gy > 65535 || plan->cfg.num_qo_heads > 65535) return KVA_ERR_UNSUPPORTED; /* grid.y */
+  if (gy > plan->cfg.num_qo_heads) return KVA_ERR_UNSUPPORTED; /* split_sem rows (never: rg <= group) */
 
   const kva_cuda_plan *cp = kva_cuda_plan_of(plan);
   kva_dec_args a;
@@ -75,6 +76,7 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   a.lse = lse;
   a.part_o = (float *)plan->partial_o;
   a.part_lse = (float *)plan->partial_lse;
+  a.split_sem = cp->d_split_sem;
   a.k = pool->k[layer];
   a.v = pool->v[layer];
   a.hq = plan->cfg.num_qo_heads;
@@ -103,27 +105,5 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
     case 128: st = kva_dec_launch_d128(&a, dtype, kv8, mt, gx, (unsigned)gy, cs->stream); break;
     default: st = kva_dec_launch_d256(&a, dtype, kv8, mt, gx, (unsigned)gy, cs->stream); break;
   }
-  if (st != KVA_OK) return st;
-
-  /* Eager runs know whether any request was split; graph runs must not
-   * depend on the batch, so they always launch (and exit early). */
-  if (!plan->graph_mode && plan->hdr.num_splits_total <= plan->num_decode) return KVA_OK;
-  /* a programmatic dependent of the decode kernel: its launch overlaps the
-   * decode kernel's tail, its griddepcontrol.wait orders the reads */
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3((unsigned)plan->cfg.max_batch, (unsigned)a.hq);
-  lc.blockDim = dim3(KVA_DEC_THREADS);
-  lc.dynamicSmemBytes = KVA_DEC_COMBINE_SMEM;
-  lc.stream = cs->stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = &attr;
-  lc.numAttrs = 1;
-  if (dtype == KVA_F16)
-    KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_combine_kernel<KVA_F16>, a, d));
-  else
-    KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_combine_kernel<KVA_BF16>, a, d));
-  KVA_CUDA_LAUNCH_CHECK("kva_dec_combine_kernel");
-  return KVA_OK;
+  return st;
 }

@@ -52,6 +52,7 @@ typedef struct kva_dec_args {
   void *o;
   float *lse;                /* NULL: not written */
   float *part_o, *part_lse;  /* split-KV partial rows */
+  int32_t *split_sem;        /* [max_batch * hq]: chunks of (request, grid row) done; 0 between runs */
   const void *k, *v;         /* the layer's pool buffers */
   int hq, hkv, group;        /* group = hq / hkv */
   int page_size, ps_shift;   /* key / page_size = (umulhi(key, ps_mul) + key) >> ps_shift */

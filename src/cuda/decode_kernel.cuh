@@ -11,7 +11,9 @@
  * m16n8k16, ldmatrix), mask, soft-cap, online softmax in registers (base 2),
  * O += P V (ldmatrix.trans). At the end of a request chunk the warps' (m, l,
  * O) are merged in smem and written as O (single-chunk request) or as a
- * partial row that kva_dec_combine_kernel merges by LSE.
+ * partial row; the CTA whose chunk of a split request finishes last (a
+ * counter per request and grid row, reset by that CTA) merges the partial
+ * rows by LSE into O (dec_merge_chunks): no combine kernel.
  *
  * fp8 KV is copied as bytes (half the traffic) and converted in registers:
  * K -> Q's type with the head dim permuted inside each 16-wide k-step (Q is
@@ -140,6 +142,46 @@ static __device__ __forceinline__ void dec_store4(void *p, float x0, float x1, f
   *(uint2 *)p = make_uint2(dec_pack<QT>(x0, x1), dec_pack<QT>(x2, x3));
 }
 
+/* The chunks of request r, this CTA's kv head and row group, merged by LSE
+ * into O (and LSE): run by the CTA whose chunk finished last. Chunk j of
+ * token t is partial row split_row_offset[r] + j * nt + t; partials are read
+ * through L2 (__ldcg: other SMs wrote them). The order over j is fixed, so
+ * the result does not depend on which chunk was last. */
+template <int D, int QT>
+static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit, int nt, int tok0,
+                                        int kvh, int row0, int rows_here, int tid) {
+  for (int idx = tid; idx < rows_here * (D / 4); idx += KVA_DEC_THREADS) {
+    const int row = idx / (D / 4), d4 = idx % (D / 4);
+    const int grow = row0 + row, t = grow / a.group, h = kvh * a.group + grow % a.group;
+    const size_t p0 = (size_t)a.split_row_offset[r] + t;
+    float mx = -INFINITY;
+    for (int j = 0; j < nsplit; j++)
+      mx = fmaxf(mx, __ldcg(a.part_lse + (p0 + (size_t)j * nt) * a.hq + h));
+    float ws = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int j = 0; j < nsplit; j++) {
+        /* every chunk's row is written (an empty one: O 0, LSE -inf) */
+        const size_t prow = (p0 + (size_t)j * nt) * a.hq + h;
+        const float sj = __ldcg(a.part_lse + prow);
+        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
+        const float4 v = __ldcg((const float4 *)(a.part_o + prow * D + 4 * d4));
+        ws += w;
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+    }
+    const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+    const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+    dec_store4<QT>((uint16_t *)a.o + orow * D + 4 * d4, acc.x * inv, acc.y * inv, acc.z * inv,
+                   acc.w * inv);
+    if (a.lse && d4 == 0) a.lse[orow] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+  }
+}
+
 template <int D, int QT, int KV8, int MT>
 __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     kva_dec_kernel(const kva_dec_args a) {
@@ -157,7 +199,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
   extern __shared__ __align__(128) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, q = lane & 3;
   const kva_plan_header *hdr = a.hdr;
-  /* the combine kernel may be scheduled now; it waits for this grid's end */
+  /* a PDL-launched kernel after this one (the next layer's decode) may be
+   * scheduled now; it waits for this grid's end before touching memory */
   kva_griddep_launch_dependents();
   if ((int)blockIdx.x >= hdr->num_workers) return;
   const int kvh = (int)blockIdx.y % a.hkv, rg = (int)blockIdx.y / a.hkv;
@@ -201,6 +244,9 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
 
     /* pipeline prologue: tiles 0 .. STAGES-2, one commit group each */
     int pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
+    /* Q, KV and the outputs belong to the kernels before this one (plan
+     * data was copied before them): wait for them (PDL launch) */
+    kva_griddep_wait();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
       if (s < ntiles) {
@@ -452,89 +498,24 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
         if (d4 == 0) a.part_lse[prow] = lse;
       }
     }
+    if (nsplit > 1) {
+      /* Publish this chunk (fence, then count it); the chunk that completes
+       * the count merges all of them and resets the count for the next run. */
+      __threadfence();
+      __syncthreads(); /* the CTA's partial rows are written and fenced; scratch is read */
+      if (tid == 0) {
+        int32_t *const sem = a.split_sem + (size_t)r * a.hq + blockIdx.y;
+        const int last = atomicAdd(sem, 1) == nsplit - 1;
+        if (last) atomicExch(sem, 0); /* every chunk has counted */
+        scr_m[0] = last ? 1.0f : 0.0f;
+      }
+      __syncthreads();
+      if (scr_m[0] != 0.0f) {
+        __threadfence(); /* the other chunks' rows, published before their count */
+        dec_merge_chunks<D, QT>(a, r, nsplit, nt, tok0, kvh, row0, rows_here, tid);
+      }
+    }
     __syncthreads(); /* scratch read before the next request's Q and ring writes */
-  }
-}
-
-/* Merges the chunks of split requests by LSE: block (decode request index,
- * q head), one token row at a time; warp w sums chunks w, w + 4, ... (lanes
- * own 4 head dims per 128), then the warps' sums are added in smem.
- * Requests with one chunk were written directly: early exit. */
-#define KVA_DEC_COMBINE_SMEM (KVA_DEC_WARPS * 2 * 32 * 16 + KVA_DEC_WARPS * 4)
-template <int QT>
-__global__ void __launch_bounds__(KVA_DEC_THREADS) kva_dec_combine_kernel(const kva_dec_args a,
-                                                                          int d) {
-  extern __shared__ __align__(128) unsigned char smem[]; /* KVA_DEC_COMBINE_SMEM bytes */
-  float4(*const red)[2][32] = (float4(*)[2][32])smem;     /* [warp][c][lane] */
-  float *const red_w = (float *)(smem + KVA_DEC_WARPS * 2 * 32 * sizeof(float4));
-  kva_griddep_wait(); /* launched as a dependent of the decode kernel */
-  const kva_plan_header *hdr = a.hdr;
-  const int idx = (int)blockIdx.x, h = (int)blockIdx.y;
-  if (idx >= hdr->num_requests - hdr->num_extend) return;
-  const int r = a.decode_reqs[idx];
-  const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
-  if (nsplit <= 1) return;
-  const int nt = a.num_new[r], lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int t = 0; t < nt; t++) {
-    const size_t row0 = (size_t)a.split_row_offset[r] + t; /* chunk j: row0 + j * nt */
-    float mx = -INFINITY;
-    for (int j = lane; j < nsplit; j += 32)
-      mx = fmaxf(mx, a.part_lse[(row0 + (size_t)j * nt) * a.hq + h]);
-    mx = kva_warp_max(mx);
-    float4 acc[2];
-    acc[0] = acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float wsum = 0.0f;
-    if (mx != -INFINITY) {
-#pragma unroll 2
-      for (int j = warp; j < nsplit; j += KVA_DEC_WARPS) {
-        /* every chunk's row is written (an empty one: O 0, LSE -inf) */
-        const size_t prow = (row0 + (size_t)j * nt) * a.hq + h;
-        const float sj = a.part_lse[prow];
-        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
-        wsum += w;
-#pragma unroll
-        for (int c = 0; c < 2; c++) {
-          const int e = 4 * lane + 128 * c;
-          if (e < d) {
-            const float4 v = *(const float4 *)(a.part_o + prow * d + e);
-            acc[c].x += w * v.x;
-            acc[c].y += w * v.y;
-            acc[c].z += w * v.z;
-            acc[c].w += w * v.w;
-          }
-        }
-      }
-    }
-    red[warp][0][lane] = acc[0];
-    red[warp][1][lane] = acc[1];
-    if (lane == 0) red_w[warp] = wsum;
-    __syncthreads();
-    if (warp == 0) {
-      float ws = 0.0f;
-#pragma unroll
-      for (int w = 0; w < KVA_DEC_WARPS; w++) ws += red_w[w];
-      const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
-      const size_t orow = (size_t)(a.cu_q[r] + t) * a.hq + h;
-#pragma unroll
-      for (int c = 0; c < 2; c++) {
-        const int e = 4 * lane + 128 * c;
-        if (e < d) {
-          float4 s4 = red[0][c][lane];
-#pragma unroll
-          for (int w = 1; w < KVA_DEC_WARPS; w++) {
-            const float4 v = red[w][c][lane];
-            s4.x += v.x;
-            s4.y += v.y;
-            s4.z += v.z;
-            s4.w += v.w;
-          }
-          dec_store4<QT>((uint16_t *)a.o + orow * d + e, s4.x * inv, s4.y * inv, s4.z * inv,
-                         s4.w * inv);
-        }
-      }
-      if (a.lse && lane == 0) a.lse[orow] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
-    }
-    __syncthreads(); /* red reused by the next token */
   }
 }
 

@@ -12,7 +12,20 @@ static kva_status dec_launch(const kva_dec_args *a, unsigned gx, unsigned gy, cu
   /* per call: the attribute is per device, and a context may be on any */
   KVA_CUDA_TRY(cudaFuncSetAttribute(kva_dec_kernel<D, QT, KV8, MT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kva_dec_kernel<D, QT, KV8, MT><<<dim3(gx, gy), KVA_DEC_THREADS, smem, s>>>(*a);
+  /* a programmatic dependent of whatever kernel precedes it on the stream
+   * (the KV store, say): its launch and page-table lookups overlap that
+   * kernel's tail; it reads Q and KV only after griddepcontrol.wait */
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(gx, gy);
+  lc.blockDim = dim3(KVA_DEC_THREADS);
+  lc.dynamicSmemBytes = (size_t)smem;
+  lc.stream = s;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_kernel<D, QT, KV8, MT>, *a));
   KVA_CUDA_LAUNCH_CHECK("kva_dec_kernel");
   return KVA_OK;
 }

@@ -47,6 +47,8 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   cp->page_table_off = m.page_table;
   cudaError_t e = cudaMalloc((void **)&cp->d_meta, cp->meta_ints * 4);
   if (e == cudaSuccess) e = cudaMallocHost((void **)&cp->h_meta, cp->meta_ints * 4);
+  const size_t sem_bytes = (size_t)plan->cfg.max_batch * plan->cfg.num_qo_heads * 4;
+  if (e == cudaSuccess) e = cudaMalloc((void **)&cp->d_split_sem, sem_bytes);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cp->upload_done, cudaEventDisableTiming);
   if (e != cudaSuccess) {
     cudaGetLastError();
@@ -73,6 +75,7 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   /* the whole block once, so kernels captured before any batch read zeros */
   cudaStream_t s = kva_cuda_state_of(plan->ctx)->stream;
   e = cudaMemcpyAsync(cp->d_meta, cp->h_meta, cp->meta_ints * 4, cudaMemcpyHostToDevice, s);
+  if (e == cudaSuccess) e = cudaMemsetAsync(cp->d_split_sem, 0, sem_bytes, s);
   if (e == cudaSuccess) e = cudaEventRecord(cp->upload_done, s);
   if (e != cudaSuccess) {
     kva_status st = kva_cuda_error(e, "plan metadata upload", __FILE__, __LINE__);
@@ -120,6 +123,7 @@ void kva_cuda_plan_free(kva_plan *plan) {
   if (cp->upload_pending) cudaEventSynchronize(cp->upload_done);
   if (cp->upload_done) cudaEventDestroy(cp->upload_done);
   cudaFree(cp->d_meta);
+  cudaFree(cp->d_split_sem);
   cudaFreeHost(cp->h_meta);
   free(cp);
   plan->backend_plan = NULL;

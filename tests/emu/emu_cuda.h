@@ -36,3 +36,9 @@ float __shfl_sync(unsigned mask, float v, int src);
 int __shfl_xor_sync(unsigned mask, int v, int m);
 float __shfl_xor_sync(unsigned mask, float v, int m);
 int __any_sync(unsigned mask, int pred);
+
+/* one CTA at a time: atomics are plain read-modify-writes, fences no-ops */
+static inline int atomicAdd(int *p, int v) { const int o = *p; *p += v; return o; }
+static inline int atomicExch(int *p, int v) { const int o = *p; *p = v; return o; }
+static inline void __threadfence() {}
+template <class T> static inline T __ldcg(const T *p) { return *p; }

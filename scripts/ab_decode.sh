@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# A/B of two kvattn builds on the decode shapes where fixed per-step costs
+# show (short per-worker shares), interleaved so both see the same machine:
+#   bash scripts/ab_decode.sh .dist/kvattn_A .dist/kvattn [repeats]
+set -uo pipefail
+A=$1 B=$2 n=${3:-3}
+c="--device cuda --mode decode --heads 32:8 --head-dim 128 --page 16 --dtype bf16 --json"
+for rep in $(seq "$n"); do
+  for bin in "$A" "$B"; do
+    for cfg in "--kv-dtype bf16 --batch 1 --ctx 32768,65536" "--kv-dtype bf16 --batch 64 --ctx 2048" \
+               "--kv-dtype bf16 --batch 64 --ctx 2048 --varlen" "--kv-dtype fp8 --batch 1 --ctx 131072" \
+               "--kv-dtype bf16 --batch 128 --ctx 4096"; do
+      # shellcheck disable=SC2086
+      "$bin" bench $c $cfg 2>/dev/null | sed "s|^{|{\"bin\":\"$(basename "$bin")\",|"
+    done
+  done
+done | python3 -c '
+import sys, json, collections
+d = collections.defaultdict(list)
+for l in sys.stdin:
+    r = json.loads(l)
+    d[(r["batch"], r["ctx"], r["varlen"], r["kv_dtype"], r["bin"])].append((r["time_ms"], r["ratio"]))
+for k in sorted(d):
+    ts = sorted(t for t, _ in d[k]); rs = sorted(x for _, x in d[k])
+    print("B=%d L=%d var=%d %s %-10s ms %s ratio %s" % (k[0], k[1], k[2], k[3], k[4],
+          " ".join("%.4f" % t for t in ts), " ".join("%.3f" % x for x in rs)))
+'
