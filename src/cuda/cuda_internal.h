@@ -4,6 +4,8 @@
 #define KVA_CUDA_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
 
 #include "core/internal.h"
 
@@ -70,6 +72,40 @@ typedef struct kva_cuda_plan {
 
 static inline kva_cuda_plan *kva_cuda_plan_of(const kva_plan *plan) {
   return (kva_cuda_plan *)plan->backend_plan;
+}
+
+/* n / d == (umulhi(n, mul) + n) >> shift for n < 2^31, d in [1, 2^31): the
+ * kernels divide key positions by the page size this way. */
+static inline void kva_cuda_fastdiv(int d, uint32_t *mul, int *shift) {
+  int l = 0;
+  while ((1u << l) < (uint32_t)d) l++;
+  *mul = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << l) - (uint64_t)d) / (uint64_t)d + 1);
+  *shift = l;
+}
+
+/* Softmax constants of the tensor-core kernels, in base 2 with the fp8
+ * scales folded in: logits are qk_mul * (q.k) without soft-cap, else
+ * cap_log2 * tanh-like(qk_mul * (q.k)) (see the kernels); O is scaled by o_mul. */
+typedef struct kva_cuda_softmax {
+  float qk_mul, cap_log2, o_mul;
+} kva_cuda_softmax;
+static inline kva_cuda_softmax kva_cuda_softmax_of(const kva_pool *pool, int layer,
+                                                   const kva_attn_params *params) {
+  const int kv8 = pool->cfg.kv_dtype == KVA_FP8_E4M3;
+  const float log2e = 1.4426950408889634f;
+  const float sm = params->sm_scale > 0.0f ? params->sm_scale
+                                           : 1.0f / sqrtf((float)pool->cfg.head_dim);
+  const float ks = kv8 ? pool->k_scale[layer] : 1.0f;
+  kva_cuda_softmax c;
+  if (params->logit_softcap > 0.0f) {
+    c.qk_mul = 2.0f * log2e * sm * ks / params->logit_softcap;
+    c.cap_log2 = params->logit_softcap * log2e;
+  } else {
+    c.qk_mul = log2e * sm * ks;
+    c.cap_log2 = 0.0f;
+  }
+  c.o_mul = kv8 ? pool->v_scale[layer] : 1.0f;
+  return c;
 }
 
 /* Plan hooks (plan_upload.c) and kernels (store.cu, cuda_backend.c dispatch, merge.cu). */

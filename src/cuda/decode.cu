@@ -20,14 +20,6 @@ static void dec_shape(const kva_plan *plan, int d, int *mt, int *row_groups) {
   *row_groups = (rows_cap + 16 * *mt - 1) / (16 * *mt);
 }
 
-/* key / d == (umulhi(key, mul) + key) >> shift for key < 2^31, d in [1, 2^31). */
-static void dec_fastdiv(int d, uint32_t *mul, int *shift) {
-  int l = 0;
-  while ((1u << l) < (uint32_t)d) l++;
-  *mul = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << l) - (uint64_t)d) / (uint64_t)d + 1);
-  *shift = l;
-}
-
 static int dec_smem(int d, int kv8, int mt) {
   if (d == 64) return kv8 ? (mt == 2 ? KVA_DEC_SMEM(64, 1, 2) : KVA_DEC_SMEM(64, 1, 1))
                           : (mt == 2 ? KVA_DEC_SMEM(64, 0, 2) : KVA_DEC_SMEM(64, 0, 1));
@@ -83,18 +75,11 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   a.hkv = pc->num_kv_heads;
   a.group = a.hq / a.hkv;
   a.page_size = pc->page_size;
-  dec_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
-  const float log2e = 1.4426950408889634f;
-  const float sm = params->sm_scale > 0.0f ? params->sm_scale : 1.0f / sqrtf((float)d);
-  const float ks = kv8 ? pool->k_scale[layer] : 1.0f;
-  if (params->logit_softcap > 0.0f) {
-    a.qk_mul = 2.0f * log2e * sm * ks / params->logit_softcap;
-    a.cap_log2 = params->logit_softcap * log2e;
-  } else {
-    a.qk_mul = log2e * sm * ks;
-    a.cap_log2 = 0.0f;
-  }
-  a.o_mul = kv8 ? pool->v_scale[layer] : 1.0f;
+  kva_cuda_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
+  const kva_cuda_softmax sc = kva_cuda_softmax_of(pool, layer, params);
+  a.qk_mul = sc.qk_mul;
+  a.cap_log2 = sc.cap_log2;
+  a.o_mul = sc.o_mul;
   a.causal = params->causal != 0;
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
 

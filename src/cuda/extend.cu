@@ -121,13 +121,6 @@ kva_status kva_cuda_extend_plan(kva_plan *plan) {
 }
 
 /* key / d == (umulhi(key, mul) + key) >> shift for key < 2^31, d in [1, 2^31). */
-static void ext_fastdiv(int d, uint32_t *mul, int *shift) {
-  int l = 0;
-  while ((1u << l) < (uint32_t)d) l++;
-  *mul = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << l) - (uint64_t)d) / (uint64_t)d + 1);
-  *shift = l;
-}
-
 kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                      const kva_attn_params *params, const void *q, void *o,
                                      float *lse, kva_dtype dtype) {
@@ -147,10 +140,6 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
 
   const kva_cuda_plan *cp = kva_cuda_plan_of(plan);
   const kva_cuda_state *cs = kva_cuda_state_of(plan->ctx);
-  const float log2e = 1.4426950408889634f;
-  const float sm = params->sm_scale > 0.f ? params->sm_scale : 1.0f / sqrtf((float)d);
-  const float ks = kv8 ? pool->k_scale[layer] : 1.0f;
-
   kva_ext_args a;
   memset(&a, 0, sizeof a);
   a.q = q;
@@ -169,15 +158,11 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   a.hkv = pc->num_kv_heads;
   a.group = a.hq / a.hkv;
   a.page_size = pc->page_size;
-  ext_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
-  if (params->logit_softcap > 0.f) {
-    a.qk_mul = 2.0f * log2e * sm * ks / params->logit_softcap;
-    a.cap_log2 = params->logit_softcap * log2e;
-  } else {
-    a.qk_mul = log2e * sm * ks;
-    a.cap_log2 = 0.f;
-  }
-  a.o_mul = kv8 ? pool->v_scale[layer] : 1.0f;
+  kva_cuda_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
+  const kva_cuda_softmax sc = kva_cuda_softmax_of(pool, layer, params);
+  a.qk_mul = sc.qk_mul;
+  a.cap_log2 = sc.cap_log2;
+  a.o_mul = sc.o_mul;
   a.causal = params->causal != 0;
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
 
