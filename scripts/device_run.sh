@@ -3,8 +3,8 @@
 # table last. Logs and JSON go under $OUT (the device tool returns them).
 #
 #   bash scripts/device_run.sh [stage ...]     stages: info check sanitize test
-#                                              decode prefill torch graph mma (default: all
-#                                              but mma)
+#                                              decode prefill torch graph mma ws (default:
+#                                              all but mma and ws)
 # Binaries: $KVA_BIN (default .dist, made here by scripts/stage_device.sh) or a
 # fresh build in build-cuda when .dist is absent.
 set -uo pipefail
@@ -62,6 +62,32 @@ if has mma; then
   note "mma.sync test_cuda_extend: rc=$? $(tail -1 "$OUT/mma_test.log")"
   KVA_EXTEND_WGMMA=0 timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 11 >"$OUT/mma_check.log" 2>&1
   note "mma.sync check cuda: rc=$? $(tail -1 "$OUT/mma_check.log")"
+fi
+
+if has ws; then
+  # the warp-specialized extend kernel (opt-in: KVA_EXTEND_WS=1 at plan creation)
+  KVA_EXTEND_WS=1 timeout 200 "$BIN/test_cuda_extend" >"$OUT/ws_test.log" 2>&1
+  note "ws test_cuda_extend: rc=$? $(tail -1 "$OUT/ws_test.log")"
+  KVA_EXTEND_WS=1 timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 13 >"$OUT/ws_check.log" 2>&1
+  note "ws check cuda: rc=$? $(tail -1 "$OUT/ws_check.log")"
+  for tool in memcheck racecheck synccheck; do
+    KVA_EXTEND_WS=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda \
+      --cases ${KVA_SAN_CASES:-6} --seed 7 --small >"$OUT/ws_san_$tool.log" 2>&1
+    note "ws compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|passed' "$OUT/ws_san_$tool.log" | tail -2 | tr '\n' ' ')"
+  done
+  W="$OUT/bench_ws.jsonl"
+  : >"$W"
+  for s in 1024 4096 16384; do
+    b=$((16384 / s))
+    for c in 1 0; do
+      for kern in wgmma ws; do
+        KVA_EXTEND_WS=$([ $kern = ws ] && echo 1 || echo 0) "$K" bench --device cuda --page 16 \
+          --dtype bf16 --kv-dtype bf16 --json --mode prefill --batch $b --ctx $s --heads 16:16 \
+          --head-dim 128 --causal $c | sed "s/^{/{\"kernel\":\"$kern\",/" >>"$W"
+      done
+    done
+  done
+  note "ws bench: $(wc -l <"$W") rows in bench_ws.jsonl"
 fi
 
 if has decode; then

@@ -24,6 +24,8 @@ typedef struct kva_ext_plan {
   int grid[3][4]; /* persistent grid per (head dim, Q type, fp8), sized at first use */
   int wgmma;      /* d=128 16-bit KV on wgmma unless KVA_EXTEND_WGMMA=0 at plan creation */
   int grid_wg[2];
+  int ws; /* ... on the warp-specialized kernel if KVA_EXTEND_WS=1 at plan creation */
+  int grid_ws[2];
 } kva_ext_plan;
 
 static kva_ext_plan *ext_plan_of(const kva_plan *plan) {
@@ -59,6 +61,8 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
   {
     const char *env = getenv("KVA_EXTEND_WGMMA"); /* read once, kept in the plan */
     ep->wgmma = !(env != NULL && env[0] == '0');
+    env = getenv("KVA_EXTEND_WS");
+    ep->ws = env != NULL && env[0] == '1';
   }
   if (ep->bm == 0) return KVA_OK; /* every extend request goes to the fallback */
   /* Tiles <= sum over extend requests of ceil(n / bm) <= max_q / bm + #extend,
@@ -167,6 +171,8 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
 
   const int max_items = ep->cap_tiles * a.hq;
+  if (ep->ws && d == 128 && !kv8)
+    return kva_ext_launch_ws(&a, dtype, cs->num_sms, max_items, ep->grid_ws, cs->stream);
   if (ep->wgmma && d == 128 && !kv8)
     return kva_ext_launch_wgmma(&a, dtype, cs->num_sms, max_items, ep->grid_wg, cs->stream);
   switch (d) {

@@ -72,6 +72,10 @@ kva_status kva_ext_launch_d256(const kva_ext_args *a, kva_dtype qt, int kv8, int
  * same-type KV. grid_cache[2]: (f16, bf16). */
 kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
                                 int grid_cache[2], cudaStream_t stream);
+/* Warp-specialized wgmma kernel (extend_ws.cu, FlashAttention-3 style):
+ * same shapes as the wgmma kernel, chosen by KVA_EXTEND_WS=1. */
+kva_status kva_ext_launch_ws(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
+                             int grid_cache[2], cudaStream_t stream);
 
 #ifdef __cplusplus
 }

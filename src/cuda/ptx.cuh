@@ -253,4 +253,62 @@ static __device__ __forceinline__ void kva_reg_fence_u32(uint32_t *x) {
   asm volatile("" : "+r"(*x)::"memory");
 }
 
+/* ---- mbarriers, named barriers, register reallocation (sm_90a) ------------ */
+
+/* 64-bit mbarrier in shared memory at `bar`, `count` arrivals per phase.
+ * Make the init visible (a CTA barrier) before any other thread uses it. */
+static __device__ __forceinline__ void kva_mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* One arrival (release, CTA scope): this thread's earlier writes are seen by
+ * a thread whose wait observes the phase completion. */
+static __device__ __forceinline__ void kva_mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+/* Same when pred != 0 (predicated, no branch: usable while wgmmas are in
+ * flight without breaking ptxas's wgmma pipeline analysis). */
+static __device__ __forceinline__ void kva_mbar_arrive_if(uint32_t bar, int pred) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %1, 0;\n@p mbarrier.arrive.shared::cta.b64 _, [%0];\n}\n" ::"r"(
+          bar),
+      "r"(pred)
+      : "memory");
+}
+/* Waits (acquire, CTA scope) until the phase of parity `parity` completed:
+ * on a fresh barrier parity 1 returns at once, parity 0 waits for phase 0. */
+static __device__ __forceinline__ void kva_mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nKVA_MBAR_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra KVA_MBAR_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+/* Arrival on `bar` triggered once every cp.async this thread issued before
+ * it has landed; .noinc: the arrival is one of the barrier's init count. */
+static __device__ __forceinline__ void kva_cp_async_mbar_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+/* Waits for all of this thread's cp.async (committed or not). */
+static __device__ __forceinline__ void kva_cp_async_wait_all(void) {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+/* Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a
+ * multiple of 32): sync waits for the count, arrive only counts. */
+static __device__ __forceinline__ void kva_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+static __device__ __forceinline__ void kva_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+/* Warpgroup register reallocation (every warp of the warpgroup executes it). */
+template <int N>
+static __device__ __forceinline__ void kva_setmaxnreg_inc(void) {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+static __device__ __forceinline__ void kva_setmaxnreg_dec(void) {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 #endif /* KVA_CUDA_PTX_CUH */

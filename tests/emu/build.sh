@@ -1,10 +1,15 @@
 #!/bin/bash
 # Host emulator of the extend kernels (no GPU needed): compiles the real
-# kernel sources (src/cuda/extend_kernel.cuh, extend_wgmma.cuh) with g++
-# against emulated PTX (cuda/ptx.cuh here: warp collectives, cp.async that
-# lands only at wait_group, wgmma by descriptor) and checks them against a
+# kernel sources (src/cuda/extend_kernel.cuh, extend_wgmma.cuh,
+# extend_ws.cuh) with g++ against emulated PTX (cuda/ptx.cuh here: warp
+# collectives, named barriers, mbarriers, cp.async that lands late, wgmma by
+# descriptor with async-proxy visibility checks) and checks them against a
 # double-precision reference. Not part of the CMake build.
-#   bash tests/emu/build.sh && /tmp/kva_emu [case|-1] [random cases] [wgmma 0|1]
+#   bash tests/emu/build.sh && /tmp/kva_emu [case|-1] [random cases] [kernel] [d128 only]
+# kernel (d128 same-type KV cases): 0 mma.sync, 1 wgmma, 2 warp-specialized;
+# absent: random per case. d128 only = 1: every random case is d128 with
+# same-type KV, e.g. /tmp/kva_emu -1 300 2 1 runs 300 random cases on the
+# warp-specialized kernel (plus the fixed cases).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

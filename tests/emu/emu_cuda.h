@@ -18,6 +18,7 @@ static inline float emu_log2f(float x) { return log2f(x); }
 
 extern unsigned char smem[];
 #define smem_wg smem
+#define smem_ws smem
 extern dim3 emu_blockIdx, emu_gridDim;
 #define blockIdx emu_blockIdx
 #define gridDim emu_gridDim

@@ -1,7 +1,7 @@
 /* Runs the real extend kernel source under the host emulator against a
  * double-precision reference (test-only). */
 #include "emu_cuda.h"
-#include "cuda/extend_wgmma.cuh"
+#include "cuda/extend_ws.cuh"
 extern "C" {
 #include "core/dtype.h"
 }
@@ -18,6 +18,8 @@ template <int D, int QT, int KV8>
 static void body() { kva_ext_kernel<D, QT, KV8>(g_args); }
 template <int QT>
 static void body_wg() { kva_ext_wg_kernel<QT>(g_args); }
+template <int QT>
+static void body_ws() { kva_ext_ws_kernel<QT>(g_args); }
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
@@ -28,13 +30,13 @@ struct Case {
   float softcap, sm_scale;
   std::vector<int> cached, nnew;
   int zero_first = 0; /* kernel sees kv_len 0 for request 0: no key tile at all */
-  int wg = 0; /* run the wgmma kernel (d128, same-type KV) */
+  int wg = 0; /* d128, same-type KV: 1 runs the wgmma kernel, 2 the warp-specialized one */
 };
 
 static int run_case(const Case &c, int idx) {
   const int D = c.D, B = (int)c.nnew.size();
   const int bm = KVA_EXT_BM(D);
-  const int use_wg = c.wg && D == 128 && !c.kv8;
+  const int use_wg = c.wg && D == 128 && !c.kv8 ? c.wg : 0;
   std::vector<int> kvlen(B), cu(B + 1, 0);
   int maxpages = 1;
   for (int r = 0; r < B; r++) {
@@ -139,14 +141,16 @@ static int run_case(const Case &c, int idx) {
   a.o_mul = vs;
   a.causal = c.causal; a.window_left = c.window;
 
-  emu_smem_limit = use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
+  emu_smem_limit = use_wg == 2 ? KVA_WS_SMEM : use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
   void (*fn)(void) = NULL;
 #define PICK(d)                                                                         \
   if (D == d) fn = c.qt == KVA_F16 ? (c.kv8 ? body<d, KVA_F16, 1> : body<d, KVA_F16, 0>) \
                                    : (c.kv8 ? body<d, KVA_BF16, 1> : body<d, KVA_BF16, 0>);
   PICK(64) PICK(128) PICK(256)
-  if (use_wg) fn = c.qt == KVA_F16 ? body_wg<KVA_F16> : body_wg<KVA_BF16>;
-  emu_run_grid(fn, c.grid, use_wg ? KVA_WG_THREADS : KVA_EXT_THREADS);
+  if (use_wg == 1) fn = c.qt == KVA_F16 ? body_wg<KVA_F16> : body_wg<KVA_BF16>;
+  if (use_wg == 2) fn = c.qt == KVA_F16 ? body_ws<KVA_F16> : body_ws<KVA_BF16>;
+  emu_run_grid(fn, c.grid,
+               use_wg == 2 ? KVA_WS_THREADS : use_wg ? KVA_WG_THREADS : KVA_EXT_THREADS);
 
   /* reference */
   double max_err = 0, max_lse_err = 0, se = 0, sr = 0;
@@ -206,7 +210,7 @@ static int run_case(const Case &c, int idx) {
         if (le > max_lse_err || isnan(lse[row])) max_lse_err = isnan(lse[row]) ? INFINITY : le;
       }
   printf("case %2d %s d%-3d %s%s ps%-3d hq%d/%d causal%d win%-3d cap%g grid%d tiles%-3d: max|dO| %.2e rel %.1e max|dLSE| %.2e %s\n",
-         idx, use_wg ? "wg" : "  ", D, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, c.hkv,
+         idx, use_wg == 2 ? "ws" : use_wg ? "wg" : "  ", D, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, c.hkv,
          c.causal, c.window, c.softcap, c.grid, nt, max_err, sr > 0 ? sqrt(se / sr) : 0.0, max_lse_err, bad ? "FAIL" : "ok");
   return bad ? 1 : 0;
 }
@@ -229,12 +233,18 @@ int main(int argc, char **argv) {
   cases.push_back({256, KVA_F16, 1, 2, 2, 2, 1, -1, 3, 0.f, 0.f, {31}, {40}});
   cases.push_back({256, KVA_BF16, 0, 16, 2, 1, 0, 20, 2, 5.f, 0.f, {0}, {70}});
   cases.push_back({64, KVA_BF16, 0, 32, 2, 1, 1, 0, 2, 0.f, 0.f, {5}, {130}});
+  /* long key ranges (up to 7 key tiles of 128): the rings wrap within an item */
+  cases.push_back({128, KVA_BF16, 0, 16, 2, 1, 1, -1, 2, 0.f, 0.f, {700}, {140}});
+  cases.push_back({128, KVA_F16, 0, 7, 4, 2, 0, -1, 3, 0.f, 0.f, {300, 500}, {130, 70}});
   { Case z = {128, KVA_BF16, 0, 16, 2, 1, 1, -1, 1, 0.f, 0.f, {0, 40, 0}, {20, 100, 150}}; z.zero_first = 1; cases.push_back(z); }
   { Case z = {128, KVA_F16, 1, 16, 2, 1, 0, -1, 2, 0.f, 0.f, {0, 0}, {300, 100}}; z.zero_first = 1; cases.push_back(z); }
   { /* the d128 same-type fixed cases again on the wgmma kernel */
     size_t nfix = cases.size();
     for (size_t i = 0; i < nfix; i++)
       if (cases[i].D == 128 && !cases[i].kv8) { Case w = cases[i]; w.wg = 1; cases.push_back(w); }
+    /* ... and on the warp-specialized kernel */
+    for (size_t i = 0; i < nfix; i++)
+      if (cases[i].D == 128 && !cases[i].kv8) { Case w = cases[i]; w.wg = 2; cases.push_back(w); }
   }
   /* random sweep */
   const int nrand = argc > 2 ? atoi(argv[2]) : 60;
@@ -257,7 +267,11 @@ int main(int argc, char **argv) {
       c.cached.push_back(rnd() % 3 == 0 ? 0 : (int)(rnd() % 200));
       c.nnew.push_back(rnd() % 5 == 0 ? 1 + (int)(rnd() % 8) : 9 + (int)(rnd() % 170));
     }
-    c.wg = argc > 3 ? atoi(argv[3]) : (int)(rnd() % 2);
+    c.wg = argc > 3 ? atoi(argv[3]) : (int)(rnd() % 3);
+    if (argc > 4 && atoi(argv[4])) { /* only cases the chosen d128 kernel runs */
+      c.D = 128;
+      c.kv8 = 0;
+    }
     cases.push_back(c);
   }
   int fails = 0;

@@ -1,6 +1,16 @@
-/* Host emulation runtime for the extend kernel (test-only). */
+/* Host emulation runtime for the extend kernels (test-only): up to 384
+ * coroutine threads per CTA, warp collectives, named barriers (bar.sync /
+ * bar.arrive with thread counts; __syncthreads is barrier 0), mbarriers
+ * with phases, cp.async that lands at its issue, at wait_group, or (with
+ * cp.async.mbarrier.arrive.noinc) at a random later point followed by the
+ * arrival, wgmma by descriptor, and a check that every smem chunk a wgmma
+ * reads was made visible to the async proxy (fence.proxy.async by the
+ * reading warp after it landed, or by its writer after it landed) and was
+ * not rewritten while the wgmma was in flight. */
 #include "emu_cuda.h"
 #include "cuda/ptx.cuh"
+#include <algorithm>
+#include <map>
 extern "C" {
 #include "core/dtype.h"
 }
@@ -9,7 +19,7 @@ unsigned char smem[256 * 1024] __attribute__((aligned(1024)));
 size_t emu_smem_limit = sizeof(smem);
 dim3 emu_blockIdx, emu_gridDim;
 
-enum { NTH_MAX = 256 };
+enum { NTH_MAX = 384, NBAR = 16 };
 static int NTH = 128;
 struct Copy {
   uint32_t dst;
@@ -19,7 +29,9 @@ struct Copy {
 struct Th {
   ucontext_t ctx;
   dim3 idx;
-  int state; /* 0 runnable, 1 collective, 2 barrier, 3 done */
+  int state; /* 0 runnable, 1 collective, 2 named barrier, 3 done, 4 mbarrier wait */
+  uint32_t wait_bar, wait_parity; /* state 4 */
+  uint64_t fence_stamp;           /* clock of its last fence.proxy.async */
   std::vector<std::vector<Copy>> groups;
   std::vector<Copy> open;
   std::vector<char> stack;
@@ -27,7 +39,30 @@ struct Th {
 static Th th[NTH_MAX];
 static int cur;
 static ucontext_t sched_ctx;
-static int bar_count;
+/* named barriers: arrivals so far and the count they were given */
+static int bar_arrived[NBAR], bar_expect[NBAR];
+/* mbarriers by smem address */
+struct MBar {
+  int count, pending;
+  uint32_t phase;
+};
+static std::map<uint32_t, MBar> mbars;
+/* cp.async copies whose mbarrier arrival is pending (per thread, FIFO) */
+struct Copy;
+struct AsyncArrive {
+  std::vector<Copy> copies;
+  uint32_t bar;
+};
+static std::vector<std::vector<AsyncArrive>> async_q(NTH_MAX);
+/* logical clock; per 16-byte smem chunk: when it was last written, by whom */
+static uint64_t emu_clock = 1;
+static uint64_t chunk_stamp[256 * 1024 / 16];
+static int chunk_writer[256 * 1024 / 16];
+static uint64_t sched_rng = 0x2545f4914f6cdd1dull;
+static uint32_t sched_rand() {
+  sched_rng ^= sched_rng << 13; sched_rng ^= sched_rng >> 7; sched_rng ^= sched_rng << 17;
+  return (uint32_t)(sched_rng >> 11);
+}
 long emu_bank_conflicts, emu_ldsm_count;
 
 dim3 &emu_threadIdx() { return th[cur].idx; }
@@ -36,6 +71,7 @@ enum { OP_LDM = 1, OP_LDMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW
        OP_WG_ISSUE, OP_WG_COMMIT, OP_WG_WAIT };
 struct Warp {
   int op, count;
+  int deferred; /* a wgmma.wait_group all lanes reached, completed by the scheduler later */
   uint32_t in[32][80];
   uint32_t out[32][64];
 };
@@ -51,6 +87,7 @@ struct WgOp {
   const uint32_t *a[32];
   float d0[32][64];
   uint32_t a0[32][4];
+  uint64_t issue_stamp;
 };
 struct WgQueue {
   std::vector<WgOp> open;
@@ -58,6 +95,7 @@ struct WgQueue {
 };
 static WgQueue wgq[NTH_MAX / 32];
 static void wg_execute(Warp &W, WgOp &op);
+static void wg_check_visible(Warp &W, const WgOp &op);
 
 static void yield_() { swapcontext(&th[cur].ctx, &sched_ctx); }
 
@@ -156,6 +194,8 @@ static void compute(Warp &W) {
           abort();
         }
       }
+      op.issue_stamp = emu_clock++;
+      wg_check_visible(W, op);
       op.chained = 0;
       for (const WgOp &o2 : q.open) op.chained |= o2.d[0] == op.d[0];
       for (const auto &g : q.groups)
@@ -195,7 +235,13 @@ static void collective(int op) {
     fprintf(stderr, "warp %d: lanes at different collectives (%d vs %d)\n", w, W.op, op);
     abort();
   }
-  if (++W.count == 32) {
+  if (++W.count == 32 && op == OP_WG_WAIT) {
+    /* the wgmmas complete (read their operands) some time later: other
+     * warps run meanwhile, so a stage released too early gets rewritten */
+    W.deferred = 1;
+    th[cur].state = 1;
+    yield_();
+  } else if (W.count == 32) {
     compute(W);
     W.count = 0;
     for (int l = 0; l < 32; l++)
@@ -208,16 +254,97 @@ static void collective(int op) {
 
 static uint32_t lane() { return (uint32_t)cur & 31; }
 
-void __syncthreads() {
-  if (++bar_count == NTH) {
-    bar_count = 0;
+static void land(const Copy &c, int writer);
+
+/* bar.sync / bar.arrive: `count` threads (all lanes of whole warps) per
+ * generation; arrive does not wait. */
+static void named_bar(int id, int count, int wait) {
+  if (id < 0 || id >= NBAR || count <= 0 || count % 32 || count > NTH) {
+    fprintf(stderr, "named barrier %d with count %d\n", id, count);
+    abort();
+  }
+  if (bar_arrived[id] == 0) bar_expect[id] = count;
+  else if (bar_expect[id] != count) {
+    fprintf(stderr, "named barrier %d: counts %d and %d in one generation\n", id, bar_expect[id], count);
+    abort();
+  }
+  if (++bar_arrived[id] == count) {
+    bar_arrived[id] = 0;
     for (int t = 0; t < NTH; t++)
-      if (th[t].state == 2) th[t].state = 0;
-  } else {
+      if (th[t].state == 2 && th[t].wait_bar == (uint32_t)id) th[t].state = 0;
+  } else if (wait) {
     th[cur].state = 2;
+    th[cur].wait_bar = (uint32_t)id;
     yield_();
   }
 }
+void __syncthreads() { named_bar(0, NTH, 1); }
+void kva_bar_sync(int id, int count) { named_bar(id, count, 1); }
+void kva_bar_arrive(int id, int count) { named_bar(id, count, 0); }
+
+static MBar &mbar_of(uint32_t bar) {
+  auto it = mbars.find(bar);
+  if (it == mbars.end()) {
+    fprintf(stderr, "mbarrier %u used before init\n", bar);
+    abort();
+  }
+  return it->second;
+}
+void kva_mbar_init(uint32_t bar, uint32_t count) {
+  if (bar & 7) { fprintf(stderr, "mbarrier %u not 8-byte aligned\n", bar); abort(); }
+  check_smem(bar, 8);
+  mbars[bar] = MBar{(int)count, (int)count, 0};
+}
+static void mbar_arrive_at(uint32_t bar) {
+  MBar &b = mbar_of(bar);
+  if (--b.pending == 0) {
+    b.phase++;
+    b.pending = b.count;
+  }
+}
+void kva_mbar_arrive(uint32_t bar) { mbar_arrive_at(bar); }
+static int mbar_done(uint32_t bar, uint32_t parity) {
+  /* the phase of this parity completed: the current phase has the other one */
+  return (mbar_of(bar).phase & 1u) != (parity & 1u);
+}
+void kva_mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_done(bar, parity)) return;
+  th[cur].state = 4;
+  th[cur].wait_bar = bar;
+  th[cur].wait_parity = parity;
+  yield_();
+}
+/* The arrival happens once this thread's copies so far have landed: they
+ * (and the arrival) are queued and completed later by the scheduler. */
+void kva_cp_async_mbar_arrive_noinc(uint32_t bar) {
+  mbar_of(bar);
+  AsyncArrive ev;
+  ev.bar = bar;
+  for (auto &g : th[cur].groups) ev.copies.insert(ev.copies.end(), g.begin(), g.end());
+  ev.copies.insert(ev.copies.end(), th[cur].open.begin(), th[cur].open.end());
+  th[cur].groups.clear();
+  th[cur].open.clear();
+  async_q[cur].push_back(ev);
+}
+static void complete_wait(int w) {
+  Warp &W = warps[w];
+  compute(W);
+  W.count = 0;
+  W.deferred = 0;
+  for (int l = 0; l < 32; l++)
+    if (th[w * 32 + l].state == 1) th[w * 32 + l].state = 0;
+}
+static void complete_async(int t) {
+  AsyncArrive ev = async_q[t].front();
+  async_q[t].erase(async_q[t].begin());
+  for (const Copy &c : ev.copies) land(c, t);
+  mbar_arrive_at(ev.bar);
+}
+void kva_cp_async_wait_all(void) {
+  while (!async_q[cur].empty()) complete_async(cur);
+  emu_cp_async_wait(0);
+}
+void kva_fence_proxy_async_smem(void) { th[cur].fence_stamp = emu_clock++; }
 void __syncwarp() { collective(OP_SYNCW); }
 
 static uint32_t shfl(uint32_t v, uint32_t s, int op) {
@@ -253,6 +380,13 @@ void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes) {
   if (src_bytes != 0 && src_bytes != 16) { fprintf(stderr, "cp.async src-size %d\n", src_bytes); abort(); }
   if (src_bytes && ((uintptr_t)src & 15)) { fprintf(stderr, "cp.async global src not 16-byte aligned\n"); abort(); }
   check_smem(dst, 16);
+  for (const auto &mb : mbars)
+    if (dst < mb.first + 8 && mb.first < dst + 16) {
+      fprintf(stderr, "cp.async into the mbarrier at %u\n", mb.first);
+      abort();
+    }
+  chunk_stamp[dst / 16] = emu_clock++;
+  chunk_writer[dst / 16] = cur;
   /* A copy lands any time between its issue and its wait: here either at
    * once (then smem written later by someone else stays overwritten) or at
    * the wait (NaN until then). */
@@ -271,14 +405,21 @@ void kva_cp_async_commit(void) {
   th[cur].groups.push_back(th[cur].open);
   th[cur].open.clear();
 }
+static void land(const Copy &c, int writer) {
+  if (c.bytes < 0) return; /* landed at its issue */
+  memset(smem + c.dst, 0, 16);
+  if (c.bytes) memcpy(smem + c.dst, c.src, (size_t)c.bytes);
+  chunk_stamp[c.dst / 16] = emu_clock++;
+  chunk_writer[c.dst / 16] = writer;
+}
 void emu_cp_async_wait(int n) {
   Th &t = th[cur];
+  if (!async_q[cur].empty() && n == 0) {
+    fprintf(stderr, "cp.async.wait_group with mbarrier-tracked copies (use wait_all)\n");
+    abort();
+  }
   while ((int)t.groups.size() > n) {
-    for (const Copy &c : t.groups.front()) {
-      if (c.bytes < 0) continue; /* landed at its issue */
-      memset(smem + c.dst, 0, 16);
-      if (c.bytes) memcpy(smem + c.dst, c.src, (size_t)c.bytes);
-    }
+    for (const Copy &c : t.groups.front()) land(c, cur);
     t.groups.erase(t.groups.begin());
   }
 }
@@ -323,7 +464,7 @@ uint32_t kva_tid_x_volatile(void) { return th[cur].idx.x; }
 static void (*g_body)(void);
 static void entry() {
   g_body();
-  if (!th[cur].groups.empty() || !th[cur].open.empty()) {
+  if (!th[cur].groups.empty() || !th[cur].open.empty() || !async_q[cur].empty()) {
     /* legal on hardware but the kernel is meant to drain its copies */
     fprintf(stderr, "thread %d exits with cp.async groups pending\n", cur);
     abort();
@@ -338,8 +479,10 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
   for (int b = 0; b < grid; b++) {
     emu_blockIdx = dim3(b, 1, 1);
     memset(smem, 0xff, sizeof smem); /* garbage */
-    bar_count = 0;
-    for (int w = 0; w < NTH / 32; w++) warps[w].count = 0;
+    memset(chunk_stamp, 0, sizeof chunk_stamp);
+    for (int i = 0; i < NBAR; i++) bar_arrived[i] = 0;
+    mbars.clear();
+    for (int w = 0; w < NTH / 32; w++) warps[w].count = warps[w].deferred = 0;
     for (int t = 0; t < NTH; t++) {
       th[t].stack.assign(1 << 18, 0);
       getcontext(&th[t].ctx);
@@ -351,22 +494,59 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
       th[t].state = 0;
       th[t].groups.clear();
       th[t].open.clear();
+      th[t].fence_stamp = 0;
+      async_q[t].clear();
     }
+    /* Sweeps over the warps in a random order; pending cp.async arrivals
+     * and wgmma waits complete at random sweeps (always when nothing else
+     * can move), each with a per-CTA random rate: from at once to slower
+     * than the consumers' work. */
+    const uint32_t async_rate = 1u << (sched_rand() % 8), wait_rate = 1u << (sched_rand() % 4);
+    int order[NTH_MAX / 32];
+    for (int w = 0; w < NTH / 32; w++) order[w] = w;
     for (;;) {
       int progress = 0, done = 0;
-      for (int t = 0; t < NTH; t++) {
-        if (th[t].state == 3) { done++; continue; }
-        if (th[t].state != 0) continue;
-        cur = t;
-        swapcontext(&sched_ctx, &th[t].ctx);
-        progress = 1;
-      }
+      for (int w = NTH / 32 - 1; w > 0; w--) std::swap(order[w], order[sched_rand() % (w + 1)]);
+      for (int t = 0; t < NTH; t++)
+        if (!async_q[t].empty() && sched_rand() % async_rate == 0) {
+          complete_async(t);
+          progress = 1;
+        }
+      for (int w = 0; w < NTH / 32; w++)
+        if (warps[w].deferred && sched_rand() % wait_rate == 0) {
+          complete_wait(w);
+          progress = 1;
+        }
+      for (int wi = 0; wi < NTH / 32; wi++)
+        for (int l = 0; l < 32; l++) {
+          const int t = order[wi] * 32 + l;
+          if (th[t].state == 3) { done++; continue; }
+          if (th[t].state == 4 && mbar_done(th[t].wait_bar, th[t].wait_parity)) th[t].state = 0;
+          if (th[t].state != 0) continue;
+          cur = t;
+          swapcontext(&sched_ctx, &th[t].ctx);
+          progress = 1;
+        }
       if (done == NTH) break;
       if (!progress) {
-        fprintf(stderr, "deadlock in CTA %d (barrier count %d)\n", b, bar_count);
-        abort();
+        int any = 0;
+        for (int t = 0; t < NTH && !any; t++)
+          if (!async_q[t].empty()) { complete_async(t); any = 1; }
+        for (int w = 0; w < NTH / 32 && !any; w++)
+          if (warps[w].deferred) { complete_wait(w); any = 1; }
+        if (!any) {
+          fprintf(stderr, "deadlock in CTA %d\n", b);
+          for (int t = 0; t < NTH; t += 32)
+            fprintf(stderr, "  warp %d: state %d bar %u parity %u\n", t / 32, th[t].state, th[t].wait_bar, th[t].wait_parity);
+          abort();
+        }
       }
     }
+    for (int i = 0; i < NBAR; i++)
+      if (bar_arrived[i]) {
+        fprintf(stderr, "CTA %d exits with %d arrivals pending on named barrier %d\n", b, bar_arrived[i], i);
+        abort();
+      }
   }
 }
 
@@ -386,7 +566,13 @@ static void wg_execute(Warp &W, WgOp &op) {
       }
       auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
       auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
-      auto rd = [&](uint32_t a) { check_smem(a, 2); uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
+      auto rd = [&](uint32_t a) {
+        check_smem(a, 2);
+        if (chunk_stamp[a / 16] > op.issue_stamp) {
+          fprintf(stderr, "wgmma operand smem at %u rewritten while the wgmma was in flight\n", a);
+          abort();
+        }
+        uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
       if ((db >> 62) != 1 || (!rs && (da >> 62) != 1)) { fprintf(stderr, "wgmma: not 128B swizzle\n"); abort(); }
       float A[16][16], B[16][128];
       if (rs) {
@@ -426,6 +612,35 @@ static void wg_execute(Warp &W, WgOp &op) {
           }
       }
       for (int t = 0; t < 32; t++) memcpy(op.d[t], Dout[t], 256);
+}
+
+/* Every smem chunk the wgmma reads must have been made visible to the async
+ * proxy: a fence.proxy.async by each lane of the issuing warp after the
+ * chunk was written, or by the thread that wrote it (then synchronized). */
+static void wg_check_visible(Warp &W, const WgOp &op) {
+  const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
+  uint64_t fence = UINT64_MAX;
+  for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
+  auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
+  auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
+  auto chk = [&](uint32_t a) {
+    const uint64_t st = chunk_stamp[a / 16];
+    if (st == 0 || st < fence || th[chunk_writer[a / 16]].fence_stamp > st) return;
+    fprintf(stderr, "wgmma (warp %d) reads smem at %u written after the last fence.proxy.async\n", w, a);
+    abort();
+  };
+  if (!rs) {
+    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
+    for (int i = 0; i < 16; i++) {
+      int r = 16 * wq + i;
+      for (int k = 0; k < 16; k += 8) chk(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+    }
+  }
+  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
+  for (int k = 0; k < 16; k++)
+    for (int n = 0; n < 128; n++)
+      chk(swz(rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                 : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
 }
 
 static void wg_issue(float d[64], const uint32_t *a, uint64_t da, uint64_t db, uint32_t flags) {

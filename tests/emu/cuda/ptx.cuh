@@ -21,7 +21,23 @@ static inline void kva_wgmma_fence(void) {}
 void kva_wgmma_commit(void);
 void emu_wgmma_wait(int n);
 template <int N> static inline void kva_wgmma_wait(void) { emu_wgmma_wait(N); }
-static inline void kva_fence_proxy_async_smem(void) {}
+void kva_fence_proxy_async_smem(void);
+/* mbarriers (phases, arrival counts), cp.async-triggered arrivals (land
+ * later, then arrive), named barriers with thread counts, setmaxnreg */
+void kva_mbar_init(uint32_t bar, uint32_t count);
+void kva_mbar_arrive(uint32_t bar);
+static inline void kva_mbar_arrive_if(uint32_t bar, int pred) { if (pred) kva_mbar_arrive(bar); }
+void kva_mbar_wait(uint32_t bar, uint32_t parity);
+void kva_cp_async_mbar_arrive_noinc(uint32_t bar);
+void kva_cp_async_wait_all(void);
+void kva_bar_sync(int id, int count);
+void kva_bar_arrive(int id, int count);
+template <int N> static inline void kva_setmaxnreg_inc(void) {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg range");
+}
+template <int N> static inline void kva_setmaxnreg_dec(void) {
+  static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg range");
+}
 void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db);

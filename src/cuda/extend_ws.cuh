@@ -1,0 +1,308 @@
+/* Extend (prefill) attention on Hopper, warp-specialized (FlashAttention-3
+ * style): head_dim 128, f16/bf16 Q with same-type paged KV. Selected by
+ * KVA_EXTEND_WS=1 at plan creation; same work items, tile list, output and
+ * LSE semantics as the wgmma kernel (extend_wgmma.cuh), whose tile layout,
+ * descriptors, wgmma issue helpers and softmax it reuses.
+ *
+ * A CTA is 3 warpgroups (384 threads):
+ *  - warpgroup 0, the producer (setmaxnreg.dec to KVA_WS_PROD_REGS): its
+ *    128 threads gather K and V tiles (128 keys) through the page table with
+ *    16-byte cp.async into separate K and V rings of KVA_WS_STAGES stages,
+ *    and the Q tile of each item into its own buffer. Completion is signalled
+ *    with cp.async.mbarrier.arrive.noinc on the stage's full barrier (count:
+ *    the 128 producer threads; Q's: + 1 for the item scalars' writer).
+ *  - warpgroups 1 and 2, the consumers (setmaxnreg.inc to KVA_WS_CONS_REGS),
+ *    64 query rows each: S = Q K^T and O += P V on wgmma, softmax on the
+ *    accumulators. Every consumer thread arrives on a stage's K empty barrier
+ *    once its S wgmma completed, on V's once its P V completed, on Q's once
+ *    the item's last S completed (counts 256).
+ * Each ring slot's phase follows a tile counter shared by the producer and
+ * the consumers (stage = t % STAGES, parity = (t / STAGES) & 1); Q's follows
+ * the round. Nothing in the main loop is a CTA-wide barrier.
+ *
+ * Consumers keep the intra-warpgroup overlap of the wgmma kernel (issue S_n,
+ * then P_{n-1} V_{n-1}, run the softmax of S_n while P V runs) and add
+ * pingpong between the two warpgroups: a token passed through named
+ * barriers 1 and 2 orders their GEMM issues (consumer 0, 1, 0, 1, ...), so
+ * one warpgroup's softmax runs while the tensor cores do the other's GEMMs.
+ *
+ * Item handoff: the producer computes each round's item (ext_item_of) and
+ * publishes its scalars in one of two smem slots together with the Q tile
+ * (Q's full barrier); it issues K/V tile 0 of an item before waiting for
+ * the previous item's Q to be released, so item boundaries keep the ring
+ * busy. O and LSE are stored straight from the accumulators (no smem), so
+ * the epilogue cannot race with the producer's loads. */
+#ifndef KVA_CUDA_EXTEND_WS_CUH
+#define KVA_CUDA_EXTEND_WS_CUH
+
+#include "cuda/extend_wgmma.cuh"
+
+#define KVA_WS_THREADS 384
+#define KVA_WS_STAGES 3
+#define KVA_WS_PROD_REGS 40  /* 128 x (40 + 2 x 232) = 64512 <= 64K registers */
+#define KVA_WS_CONS_REGS 232 /* launch: 65536 / 384 -> 168 per thread */
+/* barriers: q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty */
+#define KVA_WS_NBAR (2 + 4 * KVA_WS_STAGES)
+#define KVA_WS_BAR_BYTES (((KVA_WS_NBAR * 8) + 127) / 128 * 128)
+/* 1 KB alignment slack, Q, K ring, V ring, barriers, two items' scalars */
+#define KVA_WS_SMEM \
+  (1024 + KVA_WG_TILE * (1 + 2 * KVA_WS_STAGES) + KVA_WS_BAR_BYTES + KVA_EXT_ITEM_BYTES)
+#define KVA_WS_BAR_WG0 1 /* named barriers of the pingpong token */
+#define KVA_WS_BAR_WG1 2
+
+/* Producer: cp.async of one K or V tile (128 keys) into the swizzled layout.
+ * Producer thread p copies chunk p % 16 of rows p / 16 + 8 i; the slot of
+ * each row comes from lane 2 i + lane / 16, whose `pre` holds the slot of
+ * row 2 warp + lane % 2 + 8 (lane / 2). */
+static __device__ __forceinline__ void ws_issue_tile(uint32_t dst, int pre, const unsigned char *g,
+                                                     int slot_elems, int p) {
+  const int lane = p & 31, c = p & 15;
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    const int slot = __shfl_sync(0xffffffffu, pre, 2 * i + (lane >> 4));
+    const int64_t off = (slot >= 0 ? (int64_t)slot * slot_elems : 0) * 2 + c * 16;
+    kva_cp_async_16(dst + wg_sw128((p >> 4) + 8 * i, c), g + off, slot >= 0 ? 16 : 0);
+  }
+}
+
+static __device__ __forceinline__ void ws_issue_q(const kva_ext_args *a, uint32_t s_q, int q_row0,
+                                                  int n_valid, int h, int p) {
+  const unsigned char *qg = (const unsigned char *)a->q;
+  const int c = p & 15;
+#pragma unroll 1
+  for (int i = 0; i < 16; i++) {
+    const int row = (p >> 4) + 8 * i;
+    const int ok = row < n_valid;
+    const unsigned char *src =
+        ok ? qg + (((int64_t)(q_row0 + row) * a->hq + h) * 128) * 2 + c * 16 : qg;
+    kva_cp_async_16(s_q + wg_sw128(row, c), src, ok ? 16 : 0);
+  }
+}
+
+/* The producer warpgroup's loop (p = thread index in the warpgroup). */
+static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint32_t s_q,
+                                                uint32_t s_k, uint32_t s_v, uint32_t s_bar,
+                                                volatile ext_item *its, int p) {
+  constexpr int D = 128, BM = KVA_WG_BM, BN = KVA_WG_BN, NS = KVA_WS_STAGES;
+  const int lane = p & 31, warp = p >> 5;
+  const int my_row = 2 * warp + (lane & 1) + 8 * (lane >> 1);
+  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+  uint32_t t = 0; /* key tiles issued so far (ring position) */
+  for (int round = 0;; round++) {
+    const ext_item x = ext_item_of<D, 0, BM, BN>(ap, round);
+    const int slot_elems = ap->hkv * D;
+    int pre = x.ntiles > 0 ? ext_slot(x.pt, x.kb + my_row, x.kv_len, ap->page_size, ap->ps_mul,
+                                      ap->ps_shift)
+                           : -1;
+    /* tile n of the item; tile 0 goes before the Q handoff below */
+#pragma unroll 1
+    for (int n = 0; n < x.ntiles + 1; n++) {
+      if (n == 1 || (n == 0 && x.ntiles == 0)) {
+        /* Q and the item's scalars: the previous round's consumers released
+         * Q (and so are done with the item slot of round - 2) */
+        kva_mbar_wait(q_empty, (uint32_t)(round & 1) ^ 1u);
+        if (p == 0) {
+          ext_item_store(&its[round & 1], x);
+        }
+        if (x.valid) ws_issue_q(ap, s_q, x.q_row0, x.n_valid, x.h, p);
+        kva_cp_async_mbar_arrive_noinc(q_full);
+        if (p == 0) kva_mbar_arrive(q_full); /* publishes the item (release) */
+        if (x.ntiles == 0) break;
+      }
+      if (n == x.ntiles) break;
+      const uint32_t st = t % NS, par = (t / NS) & 1;
+      const uint32_t bk = ring + st * 32; /* k_full, k_empty, v_full, v_empty */
+      kva_mbar_wait(bk + 8, par ^ 1u);
+      ws_issue_tile(s_k + st * KVA_WG_TILE, pre, x.kg, slot_elems, p);
+      kva_cp_async_mbar_arrive_noinc(bk);
+      kva_mbar_wait(bk + 24, par ^ 1u);
+      ws_issue_tile(s_v + st * KVA_WG_TILE, pre, x.vg, slot_elems, p);
+      kva_cp_async_mbar_arrive_noinc(bk + 16);
+      t++;
+      pre = n + 1 < x.ntiles ? ext_slot(x.pt, x.kb + (n + 1) * BN + my_row, x.kv_len,
+                                        ap->page_size, ap->ps_mul, ap->ps_shift)
+                             : -1;
+    }
+    if (!x.valid) break;
+  }
+  kva_cp_async_wait_all(); /* leave no copy in flight at exit */
+}
+
+/* Consumer: one GEMM turn of the pingpong (S_n and, if any, P_{n-1} V_{n-1}
+ * issued between the wait for this warpgroup's token and its handoff). */
+static __device__ __forceinline__ void ws_turn_wait(int cw) {
+  kva_bar_sync(cw ? KVA_WS_BAR_WG1 : KVA_WS_BAR_WG0, 256);
+}
+static __device__ __forceinline__ void ws_turn_pass(int cw) {
+  kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
+}
+
+template <int QT>
+__global__ void __launch_bounds__(KVA_WS_THREADS, 1)
+    kva_ext_ws_kernel(const __grid_constant__ kva_ext_args a) {
+  constexpr int D = 128, BN = KVA_WG_BN, NS = KVA_WS_STAGES;
+  static_assert(KVA_WG_BM == KVA_EXT_BM(128), "the tile schedule is shared with mma.sync");
+  static_assert(KVA_WS_PROD_REGS + 2 * KVA_WS_CONS_REGS <= 512, "register file");
+  extern __shared__ __align__(1024) unsigned char smem_ws[];
+  const uint32_t s_raw = kva_smem_u32(smem_ws);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
+  unsigned char *const p_base = smem_ws + (s_q - s_raw);
+  const uint32_t s_k = s_q + KVA_WG_TILE, s_v = s_k + NS * KVA_WG_TILE;
+  const uint32_t s_bar = s_v + NS * KVA_WG_TILE;
+  volatile ext_item *const its =
+      (volatile ext_item *)(p_base + KVA_WG_TILE * (1 + 2 * NS) + KVA_WS_BAR_BYTES);
+  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    kva_mbar_init(q_full, 128 + 1);
+    kva_mbar_init(q_empty, 256);
+    for (int s = 0; s < NS; s++) {
+      kva_mbar_init(ring + 32 * s, 128);      /* k_full */
+      kva_mbar_init(ring + 32 * s + 8, 256);  /* k_empty */
+      kva_mbar_init(ring + 32 * s + 16, 128); /* v_full */
+      kva_mbar_init(ring + 32 * s + 24, 256); /* v_empty */
+    }
+  }
+  __syncthreads(); /* the barriers are initialized; the only CTA-wide barrier */
+
+  const int wg = wg_uni(tid >> 7);
+  if (wg == 0) {
+    kva_setmaxnreg_dec<KVA_WS_PROD_REGS>();
+    ws_producer(&a, s_q, s_k, s_v, s_bar, its, tid);
+    return;
+  }
+  kva_setmaxnreg_inc<KVA_WS_CONS_REGS>();
+
+  const int lane = tid & 31, cw = wg - 1; /* consumer warpgroup 0 or 1 */
+  const int row_w = 16 * ((tid >> 5) - 4); /* first tile row of the warp */
+  const uint32_t q_wg = s_q + 64 * cw * 128;
+  if (cw == 1) ws_turn_pass(1); /* consumer 0 issues first */
+
+  uint32_t t = 0; /* key tiles consumed so far (ring position) */
+  for (int round = 0;; round++) {
+    volatile ext_item *const it = &its[round & 1];
+    kva_mbar_wait(q_full, (uint32_t)round & 1u); /* Q landed, *it written */
+    if (!wg_uni(it->valid)) break;
+    const int ntiles = wg_uni(it->ntiles);
+
+    float o[64], m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+
+    if (ntiles == 0) kva_mbar_arrive(q_empty);
+    uint32_t pk[16][2]; /* P of the tile whose P V is still to be issued */
+    int have_p = 0;     /* ... whether there is one */
+    for (int n = 0; n < ntiles; n++) {
+      const uint32_t st = t % NS, par = (t / NS) & 1, bk = ring + st * 32;
+      const uint32_t sp = (t + NS - 1) % NS, bv = ring + sp * 32;
+      const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len);
+      const int p_first = wg_uni(it->p_first), p_last = wg_uni(it->p_last);
+      const int k0 = kb + n * BN;
+      /* Both warpgroups compute every tile of the item (see kva_ext_wg_kernel:
+       * no branch around the wgmma sequences) */
+      const int p_lo = p_first + 64 * cw, p_hi = min(p_lo + 63, p_last);
+      const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
+                            (a.window_left >= 0 && k0 < p_hi - a.window_left);
+      const int last = n == ntiles - 1;
+      float s[64];
+      uint32_t pn[16][2];
+      float alpha[2];
+      int rescale;
+      /* Straight-line wgmma sequences on each path (ptxas would otherwise
+       * serialize every wgmma) */
+      if (have_p) {
+        kva_mbar_wait(bk, par);                         /* K_n landed */
+        kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);     /* V_{n-1} landed */
+        kva_fence_proxy_async_smem(); /* cp.async data (generic proxy) -> wgmma */
+        ws_turn_wait(cw);
+        wg_issue_s<QT>(s, q_wg, s_k + st * KVA_WG_TILE);
+        wg_issue_pv<QT>(o, pk, s_v + sp * KVA_WG_TILE);
+        ws_turn_pass(cw);
+        kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
+        wg_fence_acc(s);
+        kva_mbar_arrive(bk + 8);          /* K stage free */
+        kva_mbar_arrive_if(q_empty, last); /* Q free after the item's last S */
+        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
+                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+        /* pin the softmax before the wait (see kva_ext_wg_kernel) */
+        wg_fence_softmax(pn, m, l, alpha, &rescale);
+        if (rescale) {
+          kva_wgmma_wait<0>();
+          wg_fence_acc(o);
+          wg_rescale(o, alpha);
+        } else {
+          kva_wgmma_wait<0>();
+          wg_fence_acc(o);
+        }
+        rescale = 0;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+          kva_reg_fence_u32(&pk[j][0]);
+          kva_reg_fence_u32(&pk[j][1]);
+        }
+        kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
+      } else {
+        kva_mbar_wait(bk, par);
+        kva_fence_proxy_async_smem();
+        ws_turn_wait(cw);
+        wg_issue_s<QT>(s, q_wg, s_k + st * KVA_WG_TILE);
+        ws_turn_pass(cw);
+        kva_wgmma_wait<0>();
+        wg_fence_acc(s);
+        kva_mbar_arrive(bk + 8);
+        kva_mbar_arrive_if(q_empty, last);
+        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
+                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+      }
+      if (rescale) wg_rescale(o, alpha);
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        pk[j][0] = pn[j][0];
+        pk[j][1] = pn[j][1];
+      }
+      have_p = 1;
+      t++;
+    }
+    if (have_p) { /* the last P V (outside the pingpong) */
+      const uint32_t sp = (t - 1) % NS, bv = ring + sp * 32;
+      kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);
+      kva_fence_proxy_async_smem();
+      wg_issue_pv<QT>(o, pk, s_v + sp * KVA_WG_TILE);
+      kva_wgmma_wait<0>();
+      wg_fence_acc(o);
+      kva_mbar_arrive(bv + 24);
+    }
+
+    /* Epilogue: O and LSE straight from the accumulators (4-byte stores; a
+     * lane quad writes 16 contiguous bytes of a row). */
+    const int q_row0 = wg_uni(it->q_row0), n_valid = wg_uni(it->n_valid), qh = wg_uni(it->h);
+    const int hq = a.hq;
+    unsigned char *og = (unsigned char *)a.o;
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      float sum = l[hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float inv = sum > 0.f ? a.o_mul / sum : 0.f;
+      const int row = row_w + (lane >> 2) + hf * 8;
+      if (row < n_valid) {
+        if (a.lse != NULL && (lane & 3) == 0)
+          a.lse[(int64_t)(q_row0 + row) * hq + qh] =
+              sum > 0.f ? (m[hf] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
+        unsigned char *orow = og + (((int64_t)(q_row0 + row) * hq + qh) * D) * 2 + (lane & 3) * 4;
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+          *(uint32_t *)(orow + j * 16) =
+              ext_pack<QT>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+      }
+    }
+  }
+  /* consumer 1 passed the token last: consumer 0 takes it so that no named
+   * barrier is left with pending arrivals */
+  if (cw == 0) ws_turn_wait(0);
+}
+
+#endif /* KVA_CUDA_EXTEND_WS_CUH */
