@@ -38,7 +38,7 @@ if has check; then
 fi
 
 if has sanitize; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 7 --small >"$OUT/san_$tool.log" 2>&1
     rc=$?
     tail -4 "$OUT/san_$tool.log"
@@ -56,38 +56,14 @@ if has test; then
   done
 fi
 
-if has mma; then
-  # the mma.sync extend kernel where wgmma is the default (KVA_EXTEND_WGMMA=0)
-  KVA_EXTEND_WGMMA=0 timeout 200 "$BIN/test_cuda_extend" >"$OUT/mma_test.log" 2>&1
-  note "mma.sync test_cuda_extend: rc=$? $(tail -1 "$OUT/mma_test.log")"
-  KVA_EXTEND_WGMMA=0 timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 11 >"$OUT/mma_check.log" 2>&1
-  note "mma.sync check cuda: rc=$? $(tail -1 "$OUT/mma_check.log")"
-fi
-
-if has ws; then
-  # the warp-specialized extend kernel (opt-in: KVA_EXTEND_WS=1 at plan creation)
-  KVA_EXTEND_WS=1 timeout 200 "$BIN/test_cuda_extend" >"$OUT/ws_test.log" 2>&1
-  note "ws test_cuda_extend: rc=$? $(tail -1 "$OUT/ws_test.log")"
-  KVA_EXTEND_WS=1 timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 13 >"$OUT/ws_check.log" 2>&1
-  note "ws check cuda: rc=$? $(tail -1 "$OUT/ws_check.log")"
-  for tool in memcheck racecheck synccheck; do
-    KVA_EXTEND_WS=1 timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda \
-      --cases ${KVA_SAN_CASES:-6} --seed 7 --small >"$OUT/ws_san_$tool.log" 2>&1
-    note "ws compute-sanitizer $tool: rc=$? $(grep -E 'ERROR SUMMARY|passed' "$OUT/ws_san_$tool.log" | tail -2 | tr '\n' ' ')"
+if has kernels; then
+  # the non-default d=128 extend kernels (KVA_EXTEND_KERNEL=wgmma|mma)
+  for kern in wgmma mma; do
+    KVA_EXTEND_KERNEL=$kern timeout 200 "$BIN/test_cuda_extend" >"$OUT/${kern}_test.log" 2>&1
+    note "$kern test_cuda_extend: rc=$? $(tail -1 "$OUT/${kern}_test.log")"
+    KVA_EXTEND_KERNEL=$kern timeout 200 "$K" check --device cuda --cases ${KVA_CASES:-400} --seed 11 >"$OUT/${kern}_check.log" 2>&1
+    note "$kern check cuda: rc=$? $(tail -1 "$OUT/${kern}_check.log")"
   done
-  W="$OUT/bench_ws.jsonl"
-  : >"$W"
-  for s in 1024 4096 16384; do
-    b=$((16384 / s))
-    for c in 1 0; do
-      for kern in wgmma ws; do
-        KVA_EXTEND_WS=$([ $kern = ws ] && echo 1 || echo 0) "$K" bench --device cuda --page 16 \
-          --dtype bf16 --kv-dtype bf16 --json --mode prefill --batch $b --ctx $s --heads 16:16 \
-          --head-dim 128 --causal $c | sed "s/^{/{\"kernel\":\"$kern\",/" >>"$W"
-      done
-    done
-  done
-  note "ws bench: $(wc -l <"$W") rows in bench_ws.jsonl"
 fi
 
 if has decode; then
@@ -105,12 +81,12 @@ if has decode; then
 fi
 
 if has prefill; then
-  # every row twice: the wgmma extend kernel (default; d=128 16-bit KV, other
-  # rows run mma.sync either way) and the mma.sync one (KVA_EXTEND_WGMMA=0)
+  # every row with the three d=128 kernels: ws (default), wgmma, mma (d=64/256
+  # and fp8 KV run mma.sync whatever KVA_EXTEND_KERNEL says)
   P="$OUT/bench_prefill.jsonl"
   : >"$P"
-  pf() { for kern in mma wgmma; do
-      KVA_EXTEND_WGMMA=$([ $kern = wgmma ] && echo 1 || echo 0) "$K" bench --device cuda --page 16 \
+  pf() { for kern in ws wgmma mma; do
+      KVA_EXTEND_KERNEL=$kern "$K" bench --device cuda --page 16 \
         --dtype bf16 --kv-dtype bf16 --json "$@" | sed "s/^{/{\"kernel\":\"$kern\",/" >>"$P"
     done; }
   for s in 512 1024 2048 4096 8192 16384; do

@@ -22,9 +22,9 @@ typedef struct kva_ext_plan {
   cudaEvent_t done;  /* staging may be rewritten once the last upload completed */
   int pending;
   int grid[3][4]; /* persistent grid per (head dim, Q type, fp8), sized at first use */
-  int wgmma;      /* d=128 16-bit KV on wgmma unless KVA_EXTEND_WGMMA=0 at plan creation */
+  int wgmma;      /* d=128 16-bit KV: the wgmma kernel (KVA_EXTEND_KERNEL=wgmma) */
   int grid_wg[2];
-  int ws; /* ... on the warp-specialized kernel if KVA_EXTEND_WS=1 at plan creation */
+  int ws;         /* ... the warp-specialized one (default, KVA_EXTEND_KERNEL=ws); neither: mma.sync */
   int grid_ws[2];
 } kva_ext_plan;
 
@@ -59,10 +59,11 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
   cp->extend_plan = ep;
   ep->bm = ext_bm_for(plan->pool->cfg.head_dim);
   {
-    const char *env = getenv("KVA_EXTEND_WGMMA"); /* read once, kept in the plan */
-    ep->wgmma = !(env != NULL && env[0] == '0');
-    env = getenv("KVA_EXTEND_WS");
-    ep->ws = env != NULL && env[0] == '1';
+    /* d=128 16-bit KV kernel, read once and kept in the plan: ws (default),
+     * wgmma or mma (for comparison and as fallbacks) */
+    const char *env = getenv("KVA_EXTEND_KERNEL");
+    ep->ws = env == NULL || env[0] == '\0' || strcmp(env, "ws") == 0;
+    ep->wgmma = env != NULL && strcmp(env, "wgmma") == 0;
   }
   if (ep->bm == 0) return KVA_OK; /* every extend request goes to the fallback */
   /* Tiles <= sum over extend requests of ceil(n / bm) <= max_q / bm + #extend,
@@ -153,6 +154,7 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   a.v = pool->v[layer];
   a.tiles = (const int2 *)(ep->d_buf + EXT_HDR_INTS);
   a.num_tiles = ep->d_buf;
+  a.item_counter = ep->d_buf + 1; /* header int 1 */
   a.hdr = cp->d_hdr;
   a.cu_q = cp->d_cu_seqlens_q;
   a.num_new = cp->d_num_new;
@@ -171,8 +173,11 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
 
   const int max_items = ep->cap_tiles * a.hq;
-  if (ep->ws && d == 128 && !kv8)
+  if (ep->ws && d == 128 && !kv8) {
+    /* its CTAs take items from a counter: 0 before every launch */
+    KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
     return kva_ext_launch_ws(&a, dtype, cs->num_sms, max_items, ep->grid_ws, cs->stream);
+  }
   if (ep->wgmma && d == 128 && !kv8)
     return kva_ext_launch_wgmma(&a, dtype, cs->num_sms, max_items, ep->grid_wg, cs->stream);
   switch (d) {

@@ -31,7 +31,8 @@ extern "C" {
 
 /* Kernel arguments (by value). The tile list holds (batch index of an
  * extend request, first query token of the tile); item i of a launch is
- * tile i / hq, q head i % hq. Everything batch-dependent is read on device. */
+ * tile i / hq, q head i % hq (head-major in the warp-specialized kernel, see
+ * ext_item_at). Everything batch-dependent is read on device. */
 typedef struct kva_ext_args {
   const void *q;
   void *o;
@@ -39,6 +40,7 @@ typedef struct kva_ext_args {
   const void *k, *v; /* the layer's pool buffers */
   const int2 *tiles; /* [*num_tiles], heaviest first */
   const int32_t *num_tiles;
+  int32_t *item_counter;   /* warp-specialized kernel: next item to hand out (0 at launch) */
   const kva_plan_header *hdr;
   const int32_t *cu_q, *num_new, *cache_seqlens, *page_table;
   int hq, hkv, group;      /* group = hq / hkv */
@@ -68,12 +70,12 @@ kva_status kva_ext_launch_d128(const kva_ext_args *a, kva_dtype qt, int kv8, int
 kva_status kva_ext_launch_d256(const kva_ext_args *a, kva_dtype qt, int kv8, int num_sms,
                                int max_items, int grid_cache[4], cudaStream_t stream);
 
-/* Experimental wgmma kernel (extend_wgmma.cu): head_dim 128, f16/bf16 Q,
- * same-type KV. grid_cache[2]: (f16, bf16). */
+/* wgmma kernel without warp specialization (extend_wgmma.cu; KVA_EXTEND_KERNEL=wgmma):
+ * head_dim 128, f16/bf16 Q, same-type KV. grid_cache[2]: (f16, bf16). */
 kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
                                 int grid_cache[2], cudaStream_t stream);
 /* Warp-specialized wgmma kernel (extend_ws.cu, FlashAttention-3 style):
- * same shapes as the wgmma kernel, chosen by KVA_EXTEND_WS=1. */
+ * same shapes as the wgmma kernel, the default (KVA_EXTEND_KERNEL=ws). */
 kva_status kva_ext_launch_ws(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
                              int grid_cache[2], cudaStream_t stream);
 

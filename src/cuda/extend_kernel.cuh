@@ -275,16 +275,18 @@ typedef struct ext_item {
 } ext_item;
 static_assert(2 * sizeof(ext_item) <= KVA_EXT_ITEM_BYTES, "item scalars");
 
-/* The item of `round` for this CTA: snake order over the sorted list. BM:
- * query rows of a tile (the schedule's), BN: keys per key tile. */
-template <int D, int KV8, int BM, int BN>
-static __device__ __forceinline__ ext_item ext_item_of(const kva_ext_args *a, int round) {
+/* Item `item` of the launch. Tile-major (the static kernels): tile item / hq,
+ * head item % hq. Head-major (the warp-specialized kernel, which hands items
+ * out dynamically): head item / num_tiles, tile item % num_tiles, so the
+ * CTAs at work at any time share few heads' KV in L2. BM: query rows of a
+ * tile (the schedule's), BN: keys per key tile. */
+template <int D, int KV8, int BM, int BN, int HEAD_MAJOR>
+static __device__ __forceinline__ ext_item ext_item_at(const kva_ext_args *a, int item) {
   constexpr int KVB = KV8 ? 1 : 2;
   ext_item x;
-  const int g = (int)gridDim.x, b = (int)blockIdx.x;
-  const int item = round * g + ((round & 1) ? g - 1 - b : b);
   /* read per item (L1 hit) rather than held in a register */
-  x.valid = item < *(volatile const int32_t *)a->num_tiles * a->hq;
+  const int ntl = *(volatile const int32_t *)a->num_tiles;
+  x.valid = item < ntl * a->hq;
   x.base = 0;
   x.pref = 0;
   if (!x.valid) {
@@ -293,7 +295,8 @@ static __device__ __forceinline__ ext_item ext_item_of(const kva_ext_args *a, in
     x.kv_len = x.kb = x.p_first = x.p_last = x.q_row0 = x.n_valid = x.h = x.ntiles = 0;
     return x;
   }
-  const int tile = item / a->hq, h = item - tile * a->hq;
+  const int tile = HEAD_MAJOR ? item % ntl : item / a->hq;
+  const int h = HEAD_MAJOR ? item / ntl : item % a->hq;
   const int2 tl = __ldg(&a->tiles[tile]);
   const int r = tl.x, t0 = tl.y;
   const int n_new = __ldg(&a->num_new[r]), kv_len = __ldg(&a->cache_seqlens[r]);
@@ -313,6 +316,14 @@ static __device__ __forceinline__ ext_item ext_item_of(const kva_ext_args *a, in
   x.n_valid = n_new - t0;
   x.h = h;
   return x;
+}
+
+/* The item of `round` for this CTA in the static kernels: snake order over
+ * the sorted list. */
+template <int D, int KV8, int BM, int BN>
+static __device__ __forceinline__ ext_item ext_item_of(const kva_ext_args *a, int round) {
+  const int g = (int)gridDim.x, b = (int)blockIdx.x;
+  return ext_item_at<D, KV8, BM, BN, 0>(a, round * g + ((round & 1) ? g - 1 - b : b));
 }
 
 static __device__ __forceinline__ void ext_item_store(volatile ext_item *d, const ext_item &x) {

@@ -1,6 +1,6 @@
-/* Launcher of the wgmma extend kernel (head_dim 128, f16/bf16
- * Q with same-type KV), the default for those shapes; a plan created with
- * KVA_EXTEND_WGMMA=0 in the environment keeps the mma.sync kernel. */
+/* Launcher of the wgmma extend kernel without warp specialization (head_dim
+ * 128, f16/bf16 Q with same-type KV), chosen by a plan created with
+ * KVA_EXTEND_KERNEL=wgmma; the warp-specialized kernel is the default. */
 #include "cuda/extend_wgmma.cuh"
 
 template <int QT>

@@ -1,5 +1,7 @@
-/* Extend (prefill) attention on Hopper wgmma (the default for head_dim 128,
- * f16/bf16 Q with same-type KV; anything else keeps the mma.sync kernel).
+/* Extend (prefill) attention on Hopper wgmma without warp specialization
+ * (KVA_EXTEND_KERNEL=wgmma; head_dim 128, f16/bf16 Q with same-type KV).
+ * The warp-specialized kernel (extend_ws.cuh) is the default and reuses the
+ * tile layout, descriptors, wgmma helpers and softmax defined here.
  *
  * Same work items, tile schedule and paged cp.async gather as the mma.sync
  * kernel (extend_kernel.cuh), but a CTA is 2 warpgroups of 64 query rows

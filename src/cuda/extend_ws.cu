@@ -1,6 +1,6 @@
 /* Launcher of the warp-specialized extend kernel (extend_ws.cuh): head_dim
- * 128, f16/bf16 Q with same-type KV, selected by a plan created with
- * KVA_EXTEND_WS=1 in the environment. */
+ * 128, f16/bf16 Q with same-type KV; the default for those shapes
+ * (KVA_EXTEND_KERNEL=ws or unset at plan creation). */
 #include "cuda/extend_ws.cuh"
 
 template <int QT>

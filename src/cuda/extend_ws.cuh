@@ -1,6 +1,6 @@
 /* Extend (prefill) attention on Hopper, warp-specialized (FlashAttention-3
  * style): head_dim 128, f16/bf16 Q with same-type paged KV. Selected by
- * KVA_EXTEND_WS=1 at plan creation; same work items, tile list, output and
+ * default (KVA_EXTEND_KERNEL=ws); same work items, tile list, output and
  * LSE semantics as the wgmma kernel (extend_wgmma.cuh), whose tile layout,
  * descriptors, wgmma issue helpers and softmax it reuses.
  *
@@ -26,8 +26,9 @@
  * barriers 1 and 2 orders their GEMM issues (consumer 0, 1, 0, 1, ...), so
  * one warpgroup's softmax runs while the tensor cores do the other's GEMMs.
  *
- * Item handoff: the producer computes each round's item (ext_item_of) and
- * publishes its scalars in one of two smem slots together with the Q tile
+ * Item handoff: the producer takes each round's item from a counter
+ * (head-major order, see ws_producer) and publishes its scalars in one of
+ * two smem slots together with the Q tile
  * (Q's full barrier); it issues K/V tile 0 of an item before waiting for
  * the previous item's Q to be released, so item boundaries keep the ring
  * busy. O and LSE are stored straight from the accumulators (no smem), so
@@ -44,11 +45,14 @@
 /* barriers: q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty */
 #define KVA_WS_NBAR (2 + 4 * KVA_WS_STAGES)
 #define KVA_WS_BAR_BYTES (((KVA_WS_NBAR * 8) + 127) / 128 * 128)
-/* 1 KB alignment slack, Q, K ring, V ring, barriers, two items' scalars */
+/* 1 KB alignment slack, Q, K ring, V ring, barriers, two items' scalars and
+ * the producer's two item indices */
 #define KVA_WS_SMEM \
   (1024 + KVA_WG_TILE * (1 + 2 * KVA_WS_STAGES) + KVA_WS_BAR_BYTES + KVA_EXT_ITEM_BYTES)
+static_assert(2 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "item slots");
 #define KVA_WS_BAR_WG0 1 /* named barriers of the pingpong token */
 #define KVA_WS_BAR_WG1 2
+#define KVA_WS_BAR_PROD 3 /* the producer warpgroup's item broadcast */
 
 /* Producer: cp.async of one K or V tile (128 keys) into the swizzled layout.
  * Producer thread p copies chunk p % 16 of rows p / 16 + 8 i; the slot of
@@ -88,8 +92,16 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
   const int my_row = 2 * warp + (lane & 1) + 8 * (lane >> 1);
   const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
   uint32_t t = 0; /* key tiles issued so far (ring position) */
+  volatile int *const idx = (volatile int *)(its + 2); /* [2]: this round's item index */
   for (int round = 0;; round++) {
-    const ext_item x = ext_item_of<D, 0, BM, BN>(ap, round);
+    /* Items are handed out by a counter, head-major, heaviest tile first
+     * within a head: the CTAs at work share few heads' KV in L2, and the
+     * light tiles at the end balance the finish. Double-buffered: thread 0
+     * writes round + 2's index only after all producers passed round + 1's
+     * barrier, so after they read this one. */
+    if (p == 0) idx[round & 1] = atomicAdd(ap->item_counter, 1);
+    kva_bar_sync(KVA_WS_BAR_PROD, 128);
+    const ext_item x = ext_item_at<D, 0, BM, BN, 1>(ap, idx[round & 1]);
     const int slot_elems = ap->hkv * D;
     int pre = x.ntiles > 0 ? ext_slot(x.pt, x.kb + my_row, x.kv_len, ap->page_size, ap->ps_mul,
                                       ap->ps_shift)

@@ -130,6 +130,8 @@ static int run_case(const Case &c, int idx) {
   a.q = q; a.o = o; a.lse = lse.data(); a.k = kp; a.v = vp;
   a.tiles = (const int2 *)(dbuf.data() + 4);
   a.num_tiles = dbuf.data();
+  dbuf[1] = 0; /* the ws kernel's item counter, zeroed before each launch */
+  a.item_counter = dbuf.data() + 1;
   a.hdr = &hdr;
   a.cu_q = cu.data(); a.num_new = nn.data(); a.cache_seqlens = cs.data(); a.page_table = pt.data();
   a.hq = c.hq; a.hkv = c.hkv; a.group = c.hq / c.hkv; a.page_size = c.ps;
