@@ -173,7 +173,10 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
 
   const int max_items = ep->cap_tiles * a.hq;
-  if (ep->ws && d == 128 && !kv8) {
+  /* the ws producer addresses a layer's K/V in 32-bit 16-byte units */
+  const int64_t layer_units =
+      (int64_t)pc->num_pages * pc->page_size * pc->num_kv_heads * pc->head_dim * 2 / 16;
+  if (ep->ws && d == 128 && !kv8 && layer_units <= INT32_MAX) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
     return kva_ext_launch_ws(&a, dtype, cs->num_sms, max_items, ep->grid_ws, cs->stream);

@@ -55,17 +55,23 @@ static_assert(2 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "ite
 #define KVA_WS_BAR_PROD 3 /* the producer warpgroup's item broadcast */
 
 /* Producer: cp.async of one K or V tile (128 keys) into the swizzled layout.
- * Producer thread p copies chunk p % 16 of rows p / 16 + 8 i; the slot of
+ * Producer thread p copies chunk c = p % 16 of rows p / 16 + 8 i; the slot of
  * each row comes from lane 2 i + lane / 16, whose `pre` holds the slot of
- * row 2 warp + lane % 2 + 8 (lane / 2). */
+ * row 2 warp + lane % 2 + 8 (lane / 2). Kept to a shuffle, a max, one
+ * address multiply-add, a compare and the copy per row: row & 7 (the swizzle) and the
+ * chunk are the same for all 16 rows of a thread, rows are 1 KB apart in
+ * smem, and slots are scaled once per tile to 16-byte units (the launcher
+ * checks that a layer's buffer fits 2^31 of them). */
 static __device__ __forceinline__ void ws_issue_tile(uint32_t dst, int pre, const unsigned char *g,
                                                      int slot_elems, int p) {
   const int lane = p & 31, c = p & 15;
+  const int pre16 = pre >= 0 ? pre * (slot_elems >> 3) : -1; /* 16-byte units */
+  const uint32_t d0 = dst + wg_sw128(p >> 4, c);
+  const unsigned char *const gc = kva_opaque_ptr(g + c * 16);
 #pragma unroll
   for (int i = 0; i < 16; i++) {
-    const int slot = __shfl_sync(0xffffffffu, pre, 2 * i + (lane >> 4));
-    const int64_t off = (slot >= 0 ? (int64_t)slot * slot_elems : 0) * 2 + c * 16;
-    kva_cp_async_16(dst + wg_sw128((p >> 4) + 8 * i, c), g + off, slot >= 0 ? 16 : 0);
+    const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
+    kva_cp_async_16_zfill(d0 + i * 1024, gc + (size_t)(uint32_t)max(u, 0) * 16, u < 0);
   }
 }
 

@@ -32,6 +32,23 @@ static __device__ __forceinline__ void kva_cp_async_16(uint32_t dst, const void 
                "r"(src_bytes)
                : "memory");
 }
+/* The same with the zero-fill as a predicate (ignore-src): one compare
+ * instead of the src-size arithmetic in the producer's hot loop. */
+static __device__ __forceinline__ void kva_cp_async_16_zfill(uint32_t dst, const void *src,
+                                                             int zero_fill) {
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.s32 p, %2, 0;\n"
+      " cp.async.cg.shared.global [%0], [%1], 16, p;\n}\n" ::"r"(dst),
+      "l"(src), "r"(zero_fill)
+      : "memory");
+}
+/* A 64-bit value the compiler must keep in one register pair (so that an
+ * address add is one IMAD.WIDE, not a uniform-register add per use). */
+static __device__ __forceinline__ const unsigned char *kva_opaque_ptr(const unsigned char *p) {
+  const unsigned char *r;
+  asm("mov.b64 %0, %1;" : "=l"(r) : "l"(p));
+  return r;
+}
 static __device__ __forceinline__ void kva_cp_async_commit(void) {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

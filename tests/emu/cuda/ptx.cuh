@@ -3,6 +3,10 @@
 #include "emu_cuda.h"
 uint32_t kva_smem_u32(const void *p);
 void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes);
+static inline void kva_cp_async_16_zfill(uint32_t dst, const void *src, int zero_fill) {
+  kva_cp_async_16(dst, src, zero_fill ? 0 : 16);
+}
+static inline const unsigned char *kva_opaque_ptr(const unsigned char *p) { return p; }
 void kva_cp_async_commit(void);
 void emu_cp_async_wait(int n);
 template <int N> static inline void kva_cp_async_wait(void) { emu_cp_async_wait(N); }
