@@ -63,15 +63,23 @@ static_assert(2 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "ite
  * smem, and slots are scaled once per tile to 16-byte units (the launcher
  * checks that a layer's buffer fits 2^31 of them). */
 static __device__ __forceinline__ void ws_issue_tile(uint32_t dst, int pre, const unsigned char *g,
-                                                     int slot_elems, int p) {
+                                                     int slot_elems, int full, int p) {
   const int lane = p & 31, c = p & 15;
   const int pre16 = pre >= 0 ? pre * (slot_elems >> 3) : -1; /* 16-byte units */
   const uint32_t d0 = dst + wg_sw128(p >> 4, c);
   const unsigned char *const gc = kva_opaque_ptr(g + c * 16);
+  if (full) { /* every row is a key (all but an item's last tile): no zero-fill */
 #pragma unroll
-  for (int i = 0; i < 16; i++) {
-    const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
-    kva_cp_async_16_zfill(d0 + i * 1024, gc + (size_t)(uint32_t)max(u, 0) * 16, u < 0);
+    for (int i = 0; i < 16; i++) {
+      const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
+      kva_cp_async_16_all(d0 + i * 1024, gc + (size_t)(uint32_t)u * 16);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+      const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
+      kva_cp_async_16_zfill(d0 + i * 1024, gc + (size_t)(uint32_t)max(u, 0) * 16, u < 0);
+    }
   }
 }
 
@@ -131,10 +139,11 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
       const uint32_t st = t % NS, par = (t / NS) & 1;
       const uint32_t bk = ring + st * 32; /* k_full, k_empty, v_full, v_empty */
       kva_mbar_wait(bk + 8, par ^ 1u);
-      ws_issue_tile(s_k + st * KVA_WG_TILE, pre, x.kg, slot_elems, p);
+      const int full = x.kb + (n + 1) * BN <= x.kv_len; /* no slot is -1 */
+      ws_issue_tile(s_k + st * KVA_WG_TILE, pre, x.kg, slot_elems, full, p);
       kva_cp_async_mbar_arrive_noinc(bk);
       kva_mbar_wait(bk + 24, par ^ 1u);
-      ws_issue_tile(s_v + st * KVA_WG_TILE, pre, x.vg, slot_elems, p);
+      ws_issue_tile(s_v + st * KVA_WG_TILE, pre, x.vg, slot_elems, full, p);
       kva_cp_async_mbar_arrive_noinc(bk + 16);
       t++;
       pre = n + 1 < x.ntiles ? ext_slot(x.pt, x.kb + (n + 1) * BN + my_row, x.kv_len,

@@ -42,6 +42,10 @@ static __device__ __forceinline__ void kva_cp_async_16_zfill(uint32_t dst, const
       "l"(src), "r"(zero_fill)
       : "memory");
 }
+/* 16 bytes, no zero-fill (the address is always read). */
+static __device__ __forceinline__ void kva_cp_async_16_all(uint32_t dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
 /* A 64-bit value the compiler must keep in one register pair (so that an
  * address add is one IMAD.WIDE, not a uniform-register add per use). */
 static __device__ __forceinline__ const unsigned char *kva_opaque_ptr(const unsigned char *p) {

@@ -6,6 +6,7 @@ void kva_cp_async_16(uint32_t dst, const void *src, int src_bytes);
 static inline void kva_cp_async_16_zfill(uint32_t dst, const void *src, int zero_fill) {
   kva_cp_async_16(dst, src, zero_fill ? 0 : 16);
 }
+static inline void kva_cp_async_16_all(uint32_t dst, const void *src) { kva_cp_async_16(dst, src, 16); }
 static inline const unsigned char *kva_opaque_ptr(const unsigned char *p) { return p; }
 void kva_cp_async_commit(void);
 void emu_cp_async_wait(int n);
