@@ -222,11 +222,12 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     if (ntiles == 0) kva_mbar_arrive(q_empty);
     uint32_t pk[16][2]; /* P of the tile whose P V is still to be issued */
     int have_p = 0;     /* ... whether there is one */
+    /* the item's scalars, read once (smem) */
+    const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len);
+    const int p_first = wg_uni(it->p_first), p_last = wg_uni(it->p_last);
     for (int n = 0; n < ntiles; n++) {
       const uint32_t st = t % NS, par = (t / NS) & 1, bk = ring + st * 32;
       const uint32_t sp = (t + NS - 1) % NS, bv = ring + sp * 32;
-      const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len);
-      const int p_first = wg_uni(it->p_first), p_last = wg_uni(it->p_last);
       const int k0 = kb + n * BN;
       /* Both warpgroups compute every tile of the item (see kva_ext_wg_kernel:
        * no branch around the wgmma sequences) */
