@@ -164,28 +164,38 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
         }
     }
   }
+  /* Row max and sum as 4-way trees per half row (both halves independent):
+   * short dependency chains for the scheduler to interleave. */
+  float mx2[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    float a[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+      a[j & 3] = fmaxf(a[j & 3], fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
+    mx2[hf] = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
+  }
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) mx2[hf] = fmaxf(mx2[hf], __shfl_xor_sync(0xffffffffu, mx2[hf], 1));
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) mx2[hf] = fmaxf(mx2[hf], __shfl_xor_sync(0xffffffffu, mx2[hf], 2));
   int rescale = 0;
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < 16; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    mx = fmaxf(m[hf], mx * mul);
+    const float mx = fmaxf(m[hf], mx2[hf] * mul);
     const float m_use = mx == -INFINITY ? 0.f : mx;
     alpha[hf] = kva_ex2(m[hf] - m_use);
     rescale |= mx != m[hf];
     m[hf] = mx;
-    float sum = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m_use));
       const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m_use));
-      sum += p0 + p1;
+      acc[j & 3] += p0 + p1;
       pk[j][hf] = ext_pack<QT>(p0, p1);
     }
-    l[hf] = l[hf] * alpha[hf] + sum;
+    l[hf] = l[hf] * alpha[hf] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
   }
   return __any_sync(0xffffffffu, rescale);
 }
