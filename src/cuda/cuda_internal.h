@@ -108,6 +108,25 @@ static inline kva_cuda_softmax kva_cuda_softmax_of(const kva_pool *pool, int lay
   return c;
 }
 
+/* The fields the decode and extend kernel arguments share (both structs
+ * name them alike): head counts, page-size division, softmax constants,
+ * mask parameters. */
+#define KVA_CUDA_FILL_ATTN_ARGS(a, plan, pool, layer, params)                          \
+  do {                                                                                  \
+    (a).hq = (plan)->cfg.num_qo_heads;                                                  \
+    (a).hkv = (pool)->cfg.num_kv_heads;                                                 \
+    (a).group = (a).hq / (a).hkv;                                                       \
+    (a).page_size = (pool)->cfg.page_size;                                              \
+    kva_cuda_fastdiv((pool)->cfg.page_size, &(a).ps_mul, &(a).ps_shift);                \
+    const kva_cuda_softmax sc_ = kva_cuda_softmax_of((pool), (layer), (params));        \
+    (a).qk_mul = sc_.qk_mul;                                                            \
+    (a).cap_log2 = sc_.cap_log2;                                                        \
+    (a).o_mul = sc_.o_mul;                                                              \
+    (a).causal = (params)->causal != 0;                                                 \
+    (a).window_left = (params)->window_left < 0 ? -1 : (params)->window_left;           \
+  } while (0)
+
+
 /* Plan hooks (plan_upload.c) and kernels (store.cu, cuda_backend.c dispatch, merge.cu). */
 kva_status kva_cuda_plan_init(kva_plan *plan);
 kva_status kva_cuda_plan_upload(kva_plan *plan);

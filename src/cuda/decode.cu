@@ -71,17 +71,7 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   a.split_sem = cp->d_split_sem;
   a.k = pool->k[layer];
   a.v = pool->v[layer];
-  a.hq = plan->cfg.num_qo_heads;
-  a.hkv = pc->num_kv_heads;
-  a.group = a.hq / a.hkv;
-  a.page_size = pc->page_size;
-  kva_cuda_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
-  const kva_cuda_softmax sc = kva_cuda_softmax_of(pool, layer, params);
-  a.qk_mul = sc.qk_mul;
-  a.cap_log2 = sc.cap_log2;
-  a.o_mul = sc.o_mul;
-  a.causal = params->causal != 0;
-  a.window_left = params->window_left < 0 ? -1 : params->window_left;
+  KVA_CUDA_FILL_ATTN_ARGS(a, plan, pool, layer, params);
 
   const unsigned gx = (unsigned)plan->cfg.num_workers;
   kva_status st;

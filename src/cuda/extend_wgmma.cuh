@@ -239,6 +239,31 @@ static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[16][2], floa
   *rescale = (int)r;
 }
 
+/* After the softmax of tile n, issued while P_{n-1} V_{n-1} runs: pins the
+ * softmax before the wait (otherwise the compiler sinks it to its uses after
+ * the wait and nothing overlaps P V), waits for P V under a branch on the
+ * softmax's vote (which keeps ptxas from hoisting the wait above the
+ * softmax), rescales O if a row max moved, and fences the P registers the
+ * finished P V read. */
+static __device__ __forceinline__ void wg_finish_pv(float o[64], uint32_t pk[16][2],
+                                                    uint32_t pn[16][2], float m[2], float l[2],
+                                                    float alpha[2], int rescale) {
+  wg_fence_softmax(pn, m, l, alpha, &rescale);
+  if (rescale) {
+    kva_wgmma_wait<0>();
+    wg_fence_acc(o);
+    wg_rescale(o, alpha);
+  } else {
+    kva_wgmma_wait<0>();
+    wg_fence_acc(o);
+  }
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    kva_reg_fence_u32(&pk[j][0]);
+    kva_reg_fence_u32(&pk[j][1]);
+  }
+}
+
 template <int QT>
 __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     kva_ext_wg_kernel(const __grid_constant__ kva_ext_args a) {
@@ -341,25 +366,8 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
         wg_fence_acc(s);
         rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_w, kv_len, a.causal,
                                  a.window_left, a.qk_mul, a.cap_log2, lane);
-        /* pin the softmax before the wait: otherwise the compiler sinks it
-         * to its uses after the wait and nothing overlaps P V */
-        wg_fence_softmax(pn, m, l, alpha, &rescale);
-        /* the wait under a branch on the softmax's vote keeps ptxas from
-         * hoisting it above the softmax */
-        if (rescale) {
-          kva_wgmma_wait<0>();
-          wg_fence_acc(o);
-          wg_rescale(o, alpha);
-        } else {
-          kva_wgmma_wait<0>();
-          wg_fence_acc(o);
-        }
+        wg_finish_pv(o, pk, pn, m, l, alpha, rescale);
         rescale = 0;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          kva_reg_fence_u32(&pk[j][0]);
-          kva_reg_fence_u32(&pk[j][1]);
-        }
       } else {
         wg_issue_s<QT>(s, s_q + 64 * wg * 128, k_s);
         kva_wgmma_wait<0>();

@@ -255,22 +255,8 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
         kva_mbar_arrive_if(q_empty, last); /* Q free after the item's last S */
         rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
                                  a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
-        /* pin the softmax before the wait (see kva_ext_wg_kernel) */
-        wg_fence_softmax(pn, m, l, alpha, &rescale);
-        if (rescale) {
-          kva_wgmma_wait<0>();
-          wg_fence_acc(o);
-          wg_rescale(o, alpha);
-        } else {
-          kva_wgmma_wait<0>();
-          wg_fence_acc(o);
-        }
+        wg_finish_pv(o, pk, pn, m, l, alpha, rescale);
         rescale = 0;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          kva_reg_fence_u32(&pk[j][0]);
-          kva_reg_fence_u32(&pk[j][1]);
-        }
         kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
       } else {
         kva_mbar_wait(bk, par);
