@@ -2,6 +2,8 @@
 
 #include <math.h>
 
+#include "ref/reference.h"
+
 int tu_checks = 0, tu_failures = 0;
 
 int tu_summary(const char *name) {
@@ -15,6 +17,17 @@ void tu_fill_uniform(tu_rng *r, float *x, size_t n, float lo, float hi) {
 
 void tu_poison(float *x, size_t n) {
   for (size_t i = 0; i < n; i++) x[i] = nanf("");
+}
+
+void tu_check_lse(const char *name, int with_lse, const double *ref, const float *got, size_t n) {
+  if (with_lse) {
+    double le = kva_ref_max_abs_error(ref, got, n);
+    CHECK(le < 1e-3, "%s: LSE max abs error %.3g", name, le);
+  } else {
+    int untouched = 1;
+    for (size_t i = 0; i < n; i++) untouched &= isnan(got[i]);
+    CHECK(untouched, "%s: lse written although NULL was passed", name);
+  }
 }
 
 kva_context *tu_cpu_context(int num_threads) {

@@ -46,6 +46,10 @@ void tu_fill_uniform(tu_rng *r, float *x, size_t n, float lo, float hi);
 /* x[i] = NaN, so outputs a kernel forgot to write show up */
 void tu_poison(float *x, size_t n);
 
+/* LSE as a run asked for it: within 1e-3 (absolute) of the reference when
+ * requested (with_lse), else untouched, i.e. still NaN-poisoned. */
+void tu_check_lse(const char *name, int with_lse, const double *ref, const float *got, size_t n);
+
 /* CPU context with num_threads workers (0 = all cores); NULL (message
  * printed) on failure. */
 kva_context *tu_cpu_context(int num_threads);

@@ -1,34 +1,43 @@
-/* Host launcher of the extend kernels; included by extend_dN.cu, one head
- * dim per translation unit so that the builds run in parallel. */
+/* Host launchers of the extend kernels; included by extend_dN.cu (one head
+ * dim per translation unit so that the builds run in parallel),
+ * extend_wgmma.cu and extend_ws.cu. */
 #ifndef KVA_CUDA_EXTEND_LAUNCH_CUH
 #define KVA_CUDA_EXTEND_LAUNCH_CUH
 
 #include "cuda/extend_kernel.cuh"
 
-/* Host launcher of one instantiation: opts into its smem, sizes the
- * persistent grid once (cached in *grid), launches. */
-template <int D, int QT, int KV8>
-static kva_status ext_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
-                             cudaStream_t stream) {
-  const int smem = KVA_EXT_SMEM(D, KV8);
+/* Host launcher of an extend kernel (any of the three): opts into its
+ * smem and sizes the persistent grid once (cached in *grid), then launches
+ * it over at most max_items CTAs. */
+static kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int threads, int smem,
+                                        const char *what, int head_dim, const kva_ext_args *a,
+                                        int num_sms, int max_items, int *grid,
+                                        cudaStream_t stream) {
   if (*grid <= 0) {
-    KVA_CUDA_TRY(cudaFuncSetAttribute(kva_ext_kernel<D, QT, KV8>,
-                                      cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    KVA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    KVA_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kva_ext_kernel<D, QT, KV8>,
-                                                               KVA_EXT_THREADS, (size_t)smem));
+    KVA_CUDA_TRY(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, (size_t)smem));
     if (per_sm < 1)
       return kva_set_error(KVA_ERR_DEVICE,
-                           "kva_attention: the extend kernel (head_dim %d) cannot be resident "
-                           "(%d bytes of shared memory)",
-                           D, smem);
+                           "kva_attention: the %s (head_dim %d) cannot be resident (%d bytes of "
+                           "shared memory)",
+                           what, head_dim, smem);
     *grid = num_sms * per_sm;
   }
   int g = *grid < max_items ? *grid : max_items;
   if (g < 1) g = 1;
-  kva_ext_kernel<D, QT, KV8><<<g, KVA_EXT_THREADS, smem, stream>>>(*a);
-  KVA_CUDA_LAUNCH_CHECK("kva_ext_kernel");
+  kernel<<<g, threads, smem, stream>>>(*a);
+  KVA_CUDA_LAUNCH_CHECK(what);
   return KVA_OK;
+}
+
+/* One mma.sync instantiation. */
+template <int D, int QT, int KV8>
+static kva_status ext_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
+                             cudaStream_t stream) {
+  return ext_launch_persistent(kva_ext_kernel<D, QT, KV8>, KVA_EXT_THREADS, KVA_EXT_SMEM(D, KV8),
+                               "mma.sync extend kernel", D, a, num_sms, max_items, grid, stream);
 }
 
 /* Body of kva_ext_launch_dN: picks the (Q type, fp8) instantiation. */

@@ -264,6 +264,18 @@ static __device__ __forceinline__ void wg_finish_pv(float o[64], uint32_t pk[16]
   }
 }
 
+/* End of a key tile: O rescaled if the softmax moved a row max (and P V
+ * did not already do it), and this tile's P becomes the pending one. */
+static __device__ __forceinline__ void wg_keep_p(float o[64], const float alpha[2], int rescale,
+                                                 uint32_t pk[16][2], uint32_t pn[16][2]) {
+  if (rescale) wg_rescale(o, alpha);
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    pk[j][0] = pn[j][0];
+    pk[j][1] = pn[j][1];
+  }
+}
+
 template <int QT>
 __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
     kva_ext_wg_kernel(const __grid_constant__ kva_ext_args a) {
@@ -375,12 +387,7 @@ __global__ void __launch_bounds__(KVA_WG_THREADS, 1)
         rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_w, kv_len, a.causal,
                                  a.window_left, a.qk_mul, a.cap_log2, lane);
       }
-      if (rescale) wg_rescale(o, alpha);
-#pragma unroll
-      for (int j = 0; j < 16; j++) {
-        pk[j][0] = pn[j][0];
-        pk[j][1] = pn[j][1];
-      }
+      wg_keep_p(o, alpha, rescale, pk, pn);
       have_p = 1;
       v_pend = k_s + KVA_WG_TILE;
     }

@@ -271,12 +271,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
         rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
                                  a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
       }
-      if (rescale) wg_rescale(o, alpha);
-#pragma unroll
-      for (int j = 0; j < 16; j++) {
-        pk[j][0] = pn[j][0];
-        pk[j][1] = pn[j][1];
-      }
+      wg_keep_p(o, alpha, rescale, pk, pn);
       have_p = 1;
       t++;
     }
