@@ -268,7 +268,10 @@ kva_attn_params kva_attn_params_default(void);
 
 /* Attention of the plan's batch over one layer of the pool.
  * q, o: [total_q, num_qo_heads, head_dim] of dtype (f32, f16, bf16).
- * lse: [total_q, num_qo_heads] f32, or NULL. MHA layout only for now. */
+ * lse: [total_q, num_qo_heads] f32, or NULL.
+ * MLA pools (FlashMLA's decode): q [total_q, num_qo_heads, 576], o
+ * [total_q, num_qo_heads, 512]; every request has 1..8 new tokens; no
+ * sliding window or soft-cap (KVA_ERR_UNSUPPORTED otherwise). */
 kva_status kva_attention(kva_plan *plan, const kva_pool *pool, int layer,
                          const kva_attn_params *params, const void *q, void *o, float *lse,
                          kva_dtype dtype);

@@ -82,6 +82,22 @@ static kva_status check_params(const kva_attn_params *params, const char *fn) {
   return KVA_OK;
 }
 
+/* MLA is decode attention as FlashMLA's: q [total_q, hq, 576], o [total_q,
+ * hq, 512], 1..8 query tokens per request, no window or soft-cap. */
+static kva_status check_mla(const kva_plan *plan, const kva_attn_params *params, const char *fn) {
+  if (params->window_left >= 0 || params->logit_softcap != 0.0f)
+    return kva_set_error(KVA_ERR_UNSUPPORTED,
+                         "%s: MLA attention has no sliding window or soft-cap (window_left %d, "
+                         "logit_softcap %g)",
+                         fn, params->window_left, (double)params->logit_softcap);
+  if (!plan->capturing && plan->num_extend > 0)
+    return kva_set_error(KVA_ERR_UNSUPPORTED,
+                         "%s: MLA attention is decode only (<= %d new tokens per request); the "
+                         "batch has %d extend requests",
+                         fn, KVA_MAX_DECODE_Q, plan->num_extend);
+  return KVA_OK;
+}
+
 kva_status kva_attention(kva_plan *plan, const kva_pool *pool, int layer,
                          const kva_attn_params *params, const void *q, void *o, float *lse,
                          kva_dtype dtype) {
@@ -93,13 +109,14 @@ kva_status kva_attention(kva_plan *plan, const kva_pool *pool, int layer,
   KVA_CHECK_NULL(o, fn);
   kva_status st = check_plan_pool_layer(plan, pool, layer, fn);
   if (st != KVA_OK) return st;
-  if (pool->cfg.layout == KVA_LAYOUT_MLA)
-    return kva_set_error(KVA_ERR_UNSUPPORTED, "%s: attention over an MLA pool is not supported "
-                         "yet", fn);
   st = check_act_dtype(dtype, fn);
   if (st != KVA_OK) return st;
   st = check_params(params, fn);
   if (st != KVA_OK) return st;
+  if (pool->cfg.layout == KVA_LAYOUT_MLA) {
+    st = check_mla(plan, params, fn);
+    if (st != KVA_OK) return st;
+  }
   /* kernels read Q while other workers write O */
   if ((const void *)o == q)
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: o must not alias q", fn);

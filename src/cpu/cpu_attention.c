@@ -378,6 +378,9 @@ static void extend_task(void *arg, int idx, int thread) {
 kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
                              const kva_attn_params *params, const void *q, void *o, float *lse,
                              kva_dtype dtype) {
+  if (pool->cfg.layout == KVA_LAYOUT_MLA)
+    return kva_set_error(KVA_ERR_UNSUPPORTED, "kva_attention: MLA on the CPU backend is not "
+                         "built yet");
   kva_cpu_state *st = kva_cpu_state_of(plan->ctx);
   const cpu_plan *cp = (const cpu_plan *)plan->backend_plan;
   if (!cp || cp->num_threads < kva_threadpool_size(st->pool))

@@ -136,6 +136,9 @@ static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src,
 kva_status kva_cuda_attention(kva_plan *plan, const kva_pool *pool, int layer,
                               const kva_attn_params *params, const void *q, void *o, float *lse,
                               kva_dtype dtype) {
+  if (pool->cfg.layout == KVA_LAYOUT_MLA)
+    return kva_set_error(KVA_ERR_UNSUPPORTED, "kva_attention: MLA on the CUDA backend is not "
+                         "built yet");
   if (plan->num_decode > 0 || plan->graph_mode) {
     kva_status st = kva_cuda_decode_attention(plan, pool, layer, params, q, o, lse, dtype);
     if (st == KVA_ERR_UNSUPPORTED)

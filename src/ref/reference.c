@@ -6,12 +6,15 @@
 
 #include "core/internal.h"
 
-void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
-                       int num_qo_heads, int num_kv_heads, int head_dim,
-                       const kva_attn_params *params, const float *q, const float *const *k,
-                       const float *const *v, double *o, double *lse) {
-  int group = num_qo_heads / num_kv_heads, d = head_dim;
-  double scale = params->sm_scale > 0.0f ? (double)params->sm_scale : 1.0 / sqrt((double)d);
+/* One loop for MHA and MLA: k rows of d_qk and v rows of d_v elements, each
+ * kv head's row at (j * num_kv_heads + kvh) * stride. */
+static void ref_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
+                          int num_qo_heads, int num_kv_heads, int d_qk, int d_v, size_t k_stride,
+                          size_t v_stride, const kva_attn_params *params, const float *q,
+                          const float *const *k, const float *const *v, double *o,
+                          double *lse) {
+  int group = num_qo_heads / num_kv_heads;
+  double scale = params->sm_scale > 0.0f ? (double)params->sm_scale : 1.0 / sqrt((double)d_qk);
   double cap = params->logit_softcap;
   size_t tok = 0;
   for (int r = 0; r < num_requests; r++) {
@@ -20,7 +23,7 @@ void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_
     if (!x) { /* out of memory: NaN rows make any comparison fail loudly */
       for (int t = 0; t < num_new[r]; t++, tok++)
         for (int h = 0; h < num_qo_heads; h++) {
-          for (int e = 0; e < d; e++) o[(tok * num_qo_heads + h) * d + e] = NAN;
+          for (int e = 0; e < d_v; e++) o[(tok * num_qo_heads + h) * d_v + e] = NAN;
           if (lse) lse[tok * num_qo_heads + h] = NAN;
         }
       continue;
@@ -29,7 +32,7 @@ void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_
       int pos = num_cached[r] + t;
       for (int h = 0; h < num_qo_heads; h++) {
         int kvh = h / group;
-        const float *qr = q + (tok * num_qo_heads + h) * d;
+        const float *qr = q + (tok * num_qo_heads + h) * d_qk;
         double mx = -INFINITY;
         for (int j = 0; j < kv_len; j++) {
           int vis = (!params->causal || j <= pos) &&
@@ -38,32 +41,48 @@ void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_
             x[j] = -INFINITY;
             continue;
           }
-          const float *kr = k[r] + ((size_t)j * num_kv_heads + kvh) * d;
+          const float *kr = k[r] + ((size_t)j * num_kv_heads + kvh) * k_stride;
           double s = 0;
-          for (int e = 0; e < d; e++) s += (double)qr[e] * (double)kr[e];
+          for (int e = 0; e < d_qk; e++) s += (double)qr[e] * (double)kr[e];
           s *= scale;
           if (cap > 0) s = cap * tanh(s / cap);
           x[j] = s;
           if (s > mx) mx = s;
         }
-        double *out = o + (tok * num_qo_heads + h) * d;
-        for (int e = 0; e < d; e++) out[e] = 0;
+        double *out = o + (tok * num_qo_heads + h) * d_v;
+        for (int e = 0; e < d_v; e++) out[e] = 0;
         double sum = 0;
         if (mx > -INFINITY) {
           for (int j = 0; j < kv_len; j++) {
             if (x[j] == -INFINITY) continue;
             double p = exp(x[j] - mx);
             sum += p;
-            const float *vr = v[r] + ((size_t)j * num_kv_heads + kvh) * d;
-            for (int e = 0; e < d; e++) out[e] += p * (double)vr[e];
+            const float *vr = v[r] + ((size_t)j * num_kv_heads + kvh) * v_stride;
+            for (int e = 0; e < d_v; e++) out[e] += p * (double)vr[e];
           }
-          for (int e = 0; e < d; e++) out[e] /= sum;
+          for (int e = 0; e < d_v; e++) out[e] /= sum;
         }
         if (lse) lse[tok * num_qo_heads + h] = mx > -INFINITY ? mx + log(sum) : -INFINITY;
       }
     }
     free(x);
   }
+}
+
+void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
+                       int num_qo_heads, int num_kv_heads, int head_dim,
+                       const kva_attn_params *params, const float *q, const float *const *k,
+                       const float *const *v, double *o, double *lse) {
+  ref_attention(num_requests, num_cached, num_new, num_qo_heads, num_kv_heads, head_dim,
+                head_dim, (size_t)head_dim, (size_t)head_dim, params, q, k, v, o, lse);
+}
+
+void kva_ref_mla_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
+                           int num_qo_heads, const kva_attn_params *params, const float *q,
+                           const float *const *latent, double *o, double *lse) {
+  ref_attention(num_requests, num_cached, num_new, num_qo_heads, 1, KVA_MLA_HEAD_DIM,
+                KVA_MLA_V_DIM, KVA_MLA_HEAD_DIM, KVA_MLA_HEAD_DIM, params, q, latent, latent, o,
+                lse);
 }
 
 double kva_ref_rel_error(const double *ref, const float *out, size_t n) {

@@ -16,6 +16,13 @@ void kva_ref_attention(int num_requests, const int32_t *num_cached, const int32_
                        const kva_attn_params *params, const float *q, const float *const *k,
                        const float *const *v, double *o, double *lse);
 
+/* MLA (one latent KV head): q [total_q, hq, 576]; latent[r] dense
+ * [kv_len_r, 576] (dequantized); K is the whole latent, V its first 512 dims;
+ * o [total_q, hq, 512]; lse [total_q, hq] or NULL. sm_scale 0 = 1/sqrt(576). */
+void kva_ref_mla_attention(int num_requests, const int32_t *num_cached, const int32_t *num_new,
+                           int num_qo_heads, const kva_attn_params *params, const float *q,
+                           const float *const *latent, double *o, double *lse);
+
 /* ||out - ref|| / ||ref||; +inf if out holds a NaN/inf. */
 double kva_ref_rel_error(const double *ref, const float *out, size_t n);
 /* max |out - ref| over finite ref entries (-inf must match -inf); +inf on mismatch. */
