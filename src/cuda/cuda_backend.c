@@ -6,6 +6,7 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/decode.h"
 
 kva_status kva_cuda_error(cudaError_t err, const char *what, const char *file, int line) {
   return kva_set_error(KVA_ERR_DEVICE, "CUDA error %s (%s) in %s at %s:%d", cudaGetErrorName(err),
@@ -102,6 +103,14 @@ static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, in
   return w > 1 ? w : 1;
 }
 
+/* The decode kernel's key tile (64 keys of 16-bit KV, 128 of fp8): a
+ * 64-token block would end fp8 chunks mid-tile (measured: B=1 L=128k fp8
+ * 1.78x -> 1.82x bf16's tokens/s). */
+static int cuda_default_split_block(const kva_context *ctx, const kva_pool *pool) {
+  (void)ctx;
+  return KVA_DEC_BK(pool->cfg.kv_dtype == KVA_FP8_E4M3);
+}
+
 /* Runs of consecutive src and dst slots (a fork copies a page prefix) move
  * in one stream-ordered copy per layer and buffer. */
 static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src, const int32_t *dst) {
@@ -163,6 +172,7 @@ static const kva_backend cuda_backend = {
     .synchronize = cuda_sync,
     .set_stream = cuda_set_stream,
     .default_workers = cuda_default_workers,
+    .default_split_block = cuda_default_split_block,
     .plan_init = kva_cuda_plan_init,
     .plan_upload = kva_cuda_plan_upload,
     .plan_free = kva_cuda_plan_free,
