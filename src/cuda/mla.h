@@ -15,17 +15,22 @@ extern "C" {
 #define KVA_MLA_DV KVA_MLA_V_DIM   /* 512: V = the latent's first 512 dims */
 #define KVA_MLA_THREADS 256        /* two warpgroups, each owning 256 of O's columns */
 #define KVA_MLA_BM 64              /* query rows (head x token) per CTA: one wgmma M */
-#define KVA_MLA_BN 64              /* keys per tile */
-/* A 64-row tile of 576 16-bit columns: 9 blocks of [64 rows][128 B], 16-byte
- * chunks swizzled by row % 8 (the wgmma 128-byte swizzle). */
-#define KVA_MLA_TILE (KVA_MLA_D / 64 * 64 * 128)      /* 73728 */
-#define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)         /* fp8 staging tile: 36864 */
-#define KVA_MLA_STAGES 2
-/* 1 KB alignment slack, Q, then either two 16-bit KV stages or (fp8) one
- * 16-bit tile and two fp8 staging tiles; 16 bytes of flags after. */
-#define KVA_MLA_SMEM(kv8)                                                               \
-  (1024 + KVA_MLA_TILE +                                                                \
-   ((kv8) ? KVA_MLA_TILE + KVA_MLA_STAGES * KVA_MLA_TILE8 : KVA_MLA_STAGES * KVA_MLA_TILE) + 16)
+#define KVA_MLA_BN 32              /* keys per tile */
+/* Tiles of R rows of 576 16-bit columns: nine 64-column blocks of
+ * [R rows][128 B], 16-byte chunks swizzled by row % 8 (the wgmma 128-byte
+ * swizzle). Q: R = 64; K/V: R = 32. */
+#define KVA_MLA_QTILE (KVA_MLA_D / 64 * KVA_MLA_BM * 128) /* 73728 */
+#define KVA_MLA_TILE (KVA_MLA_D / 64 * KVA_MLA_BN * 128)  /* 36864 */
+#define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)            /* fp8 staging tile: 18432 */
+/* Ring depth: 16-bit tiles, or fp8 staging tiles (converted one at a time
+ * into a single 16-bit tile). */
+#define KVA_MLA_STAGES(kv8) ((kv8) ? 4 : 3)
+#define KVA_MLA_RING(kv8) \
+  ((kv8) ? KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8 : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
+/* Exchange of the warpgroups' half-K partial S: [2][BN / 8 float4][128]. */
+#define KVA_MLA_XS (2 * KVA_MLA_BN / 8 * 128 * 16) /* 16384 */
+/* 1 KB alignment slack, Q, the ring, the S exchange, 16 bytes of flags. */
+#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS + 16)
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

@@ -5,25 +5,21 @@
  * entry of the plan's split schedule. The rows of a request are its h_q
  * heads x n new tokens (row i = token i / h_q, head i % h_q); CTA row y
  * takes rows 64 y .. 64 y + 63 (one wgmma M), so each latent byte is read
- * once per row tile. Keys come in tiles of 64, gathered row by row through
- * the page table with 16-byte cp.async into a 2-stage ring of 64 x 576
- * tiles (fp8: a 2-stage ring of byte tiles, converted into one 16-bit tile
- * before use). Two warpgroups of 128 threads: each computes the whole
- * S = Q K^T (64 x 64, 36 wgmma m64n64k16 with Q and K from smem) and its
- * online softmax (identical in both), then O[:, 256 wg .. 256 wg + 255] +=
- * P V with P from registers and V = the first 512 columns of the same K
- * tile through the descriptor's transpose (2 x 4 wgmma m64n128k16). The
- * duplicated S costs 36 of the 68 wgmma k-steps per warpgroup but keeps the
- * warpgroups independent (no row-max exchange); the kernel is bound by the
- * latent read for h_q s_q <= 64 either way.
+ * once per row tile. Keys come in tiles of 32, gathered row by row through
+ * the page table with 16-byte cp.async into a 3-stage ring of 32 x 576
+ * tiles (fp8: a 4-stage ring of byte tiles, each converted into one 16-bit
+ * tile before use). Two warpgroups of 128 threads: warpgroup wg computes
+ * the partial S = Q K^T over head dims 288 wg .. 288 wg + 287 (18 wgmma
+ * m64n32k16, Q and K from smem), the two halves are summed through smem
+ * (both warpgroups then hold the same S and run the same online softmax),
+ * and O[:, 256 wg .. 256 wg + 255] += P V with P from registers and V = the
+ * first 512 columns of the same K tile through the descriptor's transpose
+ * (2 x 2 wgmma m64n128k16). Each latent byte is thus multiplied once.
  *
  * At the end of a request chunk O is written (single-chunk request) or
  * written as a partial row; the CTA whose chunk of a split request finishes
  * last merges the partial rows by LSE into O (as decode_kernel.cuh does,
- * with a counter per (request, row tile) reset by that CTA).
- *
- * Tiles are 64 rows of 1152 bytes stored as nine 64-column blocks of
- * [64 rows][128 B], 16-byte chunks swizzled by row % 8 (1024-byte aligned). */
+ * with a counter per (request, row tile) reset by that CTA). */
 #ifndef KVA_CUDA_MLA_KERNEL_CUH
 #define KVA_CUDA_MLA_KERNEL_CUH
 
@@ -34,11 +30,13 @@
 #include "cuda/ptx.cuh"
 
 #define KVA_MLA_LN2 0.6931471805599453f
-#define KVA_MLA_BLK (64 * 128) /* bytes of one 64-column block of a tile */
+#define KVA_MLA_QBLK (KVA_MLA_BM * 128) /* bytes of one 64-column block of the Q tile */
+#define KVA_MLA_KBLK (KVA_MLA_BN * 128) /* ... of a K/V tile */
 
-/* Byte offset of 16-byte chunk c (0..71) of row `row` in a 64-row tile. */
+/* Byte offset of 16-byte chunk c (0..71) of row `row` in a tile of R rows. */
+template <int R>
 static __device__ __forceinline__ uint32_t mla_sw(int row, int c) {
-  return (uint32_t)((c >> 3) * KVA_MLA_BLK + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+  return (uint32_t)((c >> 3) * (R * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
 }
 
 /* Shared-memory matrix descriptor, 128-byte swizzle (see extend_wgmma.cuh):
@@ -60,32 +58,30 @@ static __device__ __forceinline__ int mla_slot(const int32_t *pt, int key, int k
   return __ldg(pt + pg) * a.page_size + (key - (int)pg * a.page_size);
 }
 
-/* cp.async of the key tile starting at kt into dst. 16-bit: 8 threads per
- * row (128 contiguous bytes per 8 lanes), rows tid / 8 and tid / 8 + 32,
- * swizzled layout. fp8: 4 threads per row, byte tile [64][576]. Keys at or
- * past k1 are zero-filled so that masked P * V stays finite. */
+/* cp.async of the key tile starting at kt into dst: 8 threads per row
+ * (128 contiguous bytes per 8 lanes), row tid / 8. 16-bit: swizzled tile,
+ * 9 chunks per thread; fp8: byte tile [32][576], chunks (tid % 8) + 8 i < 36.
+ * Keys at or past k1 are zero-filled so that masked P * V stays finite. */
 template <int KV8>
 static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned char *kv,
                                                     const int32_t *pt, int kt, int k1,
                                                     const kva_mla_args &a, int tid) {
+  static_assert(KVA_MLA_BN * 8 == KVA_MLA_THREADS, "one row per 8 threads");
+  const int row = tid >> 3, slot = mla_slot(pt, kt + row, k1, a);
+  const int bytes = slot >= 0 ? 16 : 0;
   if (KV8) {
-    const int row = tid >> 2, slot = mla_slot(pt, kt + row, k1, a);
     const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D : 0);
 #pragma unroll
-    for (int i = 0; i < 9; i++) {
-      const int c = (tid & 3) + 4 * i;
-      kva_cp_async_16(dst + row * KVA_MLA_D + c * 16, src + c * 16, slot >= 0 ? 16 : 0);
+    for (int i = 0; i < 5; i++) {
+      const int c = (tid & 7) + 8 * i;
+      if (c < KVA_MLA_D / 16) kva_cp_async_16(dst + row * KVA_MLA_D + c * 16, src + c * 16, bytes);
     }
   } else {
+    const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D * 2 : 0);
 #pragma unroll
-    for (int p = 0; p < 2; p++) {
-      const int row = (tid >> 3) + 32 * p, slot = mla_slot(pt, kt + row, k1, a);
-      const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D * 2 : 0);
-#pragma unroll
-      for (int i = 0; i < 9; i++) {
-        const int c = (tid & 7) + 8 * i;
-        kva_cp_async_16(dst + mla_sw(row, c), src + c * 16, slot >= 0 ? 16 : 0);
-      }
+    for (int i = 0; i < 9; i++) {
+      const int c = (tid & 7) + 8 * i;
+      kva_cp_async_16(dst + mla_sw<KVA_MLA_BN>(row, c), src + c * 16, bytes);
     }
   }
 }
@@ -102,7 +98,7 @@ static __device__ __forceinline__ void mla_issue_q(uint32_t dst, const kva_mla_a
 #pragma unroll
     for (int i = 0; i < 9; i++) {
       const int c = (tid & 7) + 8 * i;
-      kva_cp_async_16(dst + mla_sw(row, c), ok ? src + c * 16 : qg, ok ? 16 : 0);
+      kva_cp_async_16(dst + mla_sw<KVA_MLA_BM>(row, c), ok ? src + c * 16 : qg, ok ? 16 : 0);
     }
   }
 }
@@ -114,19 +110,20 @@ static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
                        : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
 }
 
-/* fp8 byte tile [64][576] -> 16-bit swizzled tile (Q's type): 16 bytes in,
- * two 16-byte chunks out, 9 per thread. */
+/* fp8 byte tile [32][576] -> 16-bit swizzled tile (Q's type): 16 bytes in,
+ * two 16-byte chunks out. */
 template <int QT>
 static __device__ __forceinline__ void mla_convert(unsigned char *tile, const unsigned char *st8,
                                                    int tid) {
-#pragma unroll 3
-  for (int i = 0; i < 9; i++) {
+#pragma unroll
+  for (int i = 0; i < 5; i++) {
     const int idx = tid + KVA_MLA_THREADS * i, row = idx / 36, c8 = idx - row * 36;
+    if (idx >= KVA_MLA_BN * 36) break;
     const uint4 x = *(const uint4 *)(st8 + row * KVA_MLA_D + c8 * 16);
-    *(uint4 *)(tile + mla_sw(row, 2 * c8)) =
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8)) =
         make_uint4(mla_e4m3x2<QT>(x.x), mla_e4m3x2<QT>(x.x >> 16), mla_e4m3x2<QT>(x.y),
                    mla_e4m3x2<QT>(x.y >> 16));
-    *(uint4 *)(tile + mla_sw(row, 2 * c8 + 1)) =
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8 + 1)) =
         make_uint4(mla_e4m3x2<QT>(x.z), mla_e4m3x2<QT>(x.z >> 16), mla_e4m3x2<QT>(x.w),
                    mla_e4m3x2<QT>(x.w >> 16));
   }
@@ -137,11 +134,11 @@ static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
   return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
 }
 template <int QT>
-static __device__ __forceinline__ void mla_mma_s(float d[32], uint64_t da, uint64_t db, int acc) {
+static __device__ __forceinline__ void mla_mma_s(float d[16], uint64_t da, uint64_t db, int acc) {
   if (QT == KVA_F16)
-    kva_wgmma_m64n64k16_ss_f16(d, da, db, acc);
+    kva_wgmma_m64n32k16_ss_f16(d, da, db, acc);
   else
-    kva_wgmma_m64n64k16_ss_bf16(d, da, db, acc);
+    kva_wgmma_m64n32k16_ss_bf16(d, da, db, acc);
 }
 template <int QT>
 static __device__ __forceinline__ void mla_mma_pv(float d[64], const uint32_t a[4], uint64_t db) {
@@ -191,19 +188,21 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
 template <int QT, int KV8>
 __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mla_kernel(const __grid_constant__ kva_mla_args a) {
-  constexpr int TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
+  constexpr int QTILE = KVA_MLA_QTILE, TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
+  constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
   unsigned char *const p_q = smem + (s_q - s_raw);
   /* 16-bit: stage i at s_kv + i TILE. fp8: the 16-bit tile at s_kv, byte
    * stage i at s_kv + TILE + i TILE8. */
-  const uint32_t s_kv = s_q + TILE;
-  volatile int *const flag =
-      (volatile int *)(p_q + TILE + (KV8 ? TILE + KVA_MLA_STAGES * TILE8 : KVA_MLA_STAGES * TILE));
+  const uint32_t s_kv = s_q + QTILE;
+  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [2][NJ][128] */
+  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
+  const int tw = tid & 127; /* thread within the warpgroup */
   const kva_plan_header *hdr = a.hdr;
   /* a PDL-launched kernel after this one may be scheduled now; it waits for
    * this grid's end before touching memory */
@@ -222,15 +221,21 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     const int split = r == wk.begin_req ? wk.begin_split : 0;
     const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
     const int k0 = r == wk.begin_req ? wk.begin_pos : 0;
-    const int ntiles = k1 > k0 ? (k1 - k0 + KVA_MLA_BN - 1) / KVA_MLA_BN : 0;
+    const int ntiles = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
     const int tok0 = a.cu_q[r];
     const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
 
     /* Q, KV and the outputs belong to the kernels before this one (PDL) */
     kva_griddep_wait();
+    /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each */
     mla_issue_q(s_q, a, tok0, row0, rows, tid);
-    if (ntiles > 0) mla_issue_kv<KV8>(KV8 ? s_kv + TILE : s_kv, kvg, pt, k0, k1, a, tid);
-    kva_cp_async_commit();
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+      if (i < ntiles)
+        mla_issue_kv<KV8>(KV8 ? s_kv + TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN, k1,
+                          a, tid);
+      kva_cp_async_commit();
+    }
 
     /* this thread's accumulator rows: tile rows 16 wq + g + 8 hf */
     int pos[2];
@@ -243,49 +248,65 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     l[0] = l[1] = 0.0f;
 
     for (int it = 0; it < ntiles; it++) {
-      kva_cp_async_wait<0>();       /* this thread's copies of tile it (and Q) landed */
+      kva_cp_async_wait<NS - 2>();  /* this thread's copies of tile it (and Q) landed */
       kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
       __syncthreads(); /* everyone's did; every wgmma of tile it-1 is complete */
-      if (it + 1 < ntiles) {
-        const int st = (it + 1) & 1;
-        mla_issue_kv<KV8>(KV8 ? s_kv + TILE + st * TILE8 : s_kv + st * TILE, kvg, pt,
-                          k0 + (it + 1) * KVA_MLA_BN, k1, a, tid);
+      {
+        const int nx = it + NS - 1, st = nx % NS;
+        if (nx < ntiles)
+          mla_issue_kv<KV8>(KV8 ? s_kv + TILE + st * TILE8 : s_kv + st * TILE, kvg, pt,
+                            k0 + nx * BN, k1, a, tid);
+        kva_cp_async_commit();
       }
-      kva_cp_async_commit();
       uint32_t s_t;
       if (KV8) {
-        mla_convert<QT>(p_q + TILE, p_q + 2 * TILE + (it & 1) * TILE8, tid);
+        mla_convert<QT>(p_q + QTILE, p_q + QTILE + TILE + (it % NS) * TILE8, tid);
         kva_fence_proxy_async_smem();
         __syncthreads();
         s_t = s_kv;
       } else {
-        s_t = s_kv + (it & 1) * TILE;
+        s_t = s_kv + (it % NS) * TILE;
       }
 
-      /* ---- S = Q K^T (the whole 64 x 64 tile, in both warpgroups) ---- */
-      float s[32];
+      /* ---- S = Q K^T: this warpgroup's half of the head dims ---- */
+      float s[4 * NJ];
 #pragma unroll
-      for (int i = 0; i < 32; i++) {
+      for (int i = 0; i < 4 * NJ; i++) {
         s[i] = 0.0f;
         kva_reg_fence_f32(&s[i]);
       }
       kva_wgmma_fence();
 #pragma unroll
-      for (int kb = 0; kb < KVA_MLA_D / 16; kb++) {
-        const uint32_t off = (uint32_t)((kb >> 2) * KVA_MLA_BLK + (kb & 3) * 32);
-        mla_mma_s<QT>(s, mla_desc(s_q + off, 16, 1024), mla_desc(s_t + off, 16, 1024), kb > 0);
+      for (int i = 0; i < KVA_MLA_D / 32; i++) {
+        const int kb = (KVA_MLA_D / 32) * wg + i; /* k-step of 16 dims */
+        const uint32_t qo = (uint32_t)((kb >> 2) * KVA_MLA_QBLK + (kb & 3) * 32);
+        const uint32_t ko = (uint32_t)((kb >> 2) * KVA_MLA_KBLK + (kb & 3) * 32);
+        mla_mma_s<QT>(s, mla_desc(s_q + qo, 16, 1024), mla_desc(s_t + ko, 16, 1024), i > 0);
       }
       kva_wgmma_commit();
       kva_wgmma_wait<0>();
 #pragma unroll
-      for (int i = 0; i < 32; i++) kva_reg_fence_f32(&s[i]);
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
+      /* the other half from the other warpgroup (same accumulator layout) */
+#pragma unroll
+      for (int j = 0; j < NJ; j++)
+        xs[(wg * NJ + j) * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+      kva_bar_sync(1, KVA_MLA_THREADS);
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const float4 x = xs[((wg ^ 1) * NJ + j) * 128 + tw];
+        s[4 * j] += x.x;
+        s[4 * j + 1] += x.y;
+        s[4 * j + 2] += x.z;
+        s[4 * j + 3] += x.w;
+      }
 
       /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
-      const int kt = k0 + it * KVA_MLA_BN;
-      const bool need_mask = kt + KVA_MLA_BN > k1 || (a.causal && kt + KVA_MLA_BN - 1 > cached);
+      const int kt = k0 + it * BN;
+      const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < NJ; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           float x = s[4 * j + e] * a.qk_mul;
@@ -296,7 +317,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
           s[4 * j + e] = x;
           mx[e >> 1] = fmaxf(mx[e >> 1], x);
         }
-      uint32_t pk[8][2];
+      uint32_t pk[NJ][2];
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) {
         mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
@@ -307,7 +328,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         m[hf] = mn;
         float sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
+        for (int j = 0; j < NJ; j++) {
           const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
           sum += p0 + p1;
           pk[j][hf] = mla_pack<QT>(p0, p1);
@@ -329,20 +350,20 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         kva_reg_fence_f32(&o[1][i]);
       }
 #pragma unroll
-      for (int j = 0; j < 8; j++) {
+      for (int j = 0; j < NJ; j++) {
         kva_reg_fence_u32(&pk[j][0]);
         kva_reg_fence_u32(&pk[j][1]);
       }
       kva_wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < KVA_MLA_BN / 16; kk++) {
+      for (int kk = 0; kk < BN / 16; kk++) {
         const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
                                 pk[2 * kk + 1][1]};
 #pragma unroll
         for (int h = 0; h < 2; h++)
           mla_mma_pv<QT>(o[h], pa,
-                         mla_desc(s_t + (4 * wg + 2 * h) * KVA_MLA_BLK + kk * 16 * 128, KVA_MLA_BLK,
-                                  1024));
+                         mla_desc(s_t + (4 * wg + 2 * h) * KVA_MLA_KBLK + kk * 16 * 128,
+                                  KVA_MLA_KBLK, 1024));
       }
       kva_wgmma_commit();
       kva_wgmma_wait<0>();

@@ -270,6 +270,31 @@ static __device__ __forceinline__ void kva_wgmma_m64n64k16_ss_f16(float d[32], u
       : KVA_WGMMA_OUT32(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+/* N = 32 (16 accumulators, j < 4): MLA's half-K partial S over 32 keys. */
+#define KVA_WGMMA_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define KVA_WGMMA_OUT16(d)                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t desc_a,
+                                                                   uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " KVA_WGMMA_D16
+      ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT16(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t desc_a,
+                                                                  uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " KVA_WGMMA_D16
+      ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT16(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
 /* D += A (64x16 from registers, mma.sync A-fragment layout per warp) * B
  * (16x128, smem descriptor, MN-major: transposed). */
 static __device__ __forceinline__ void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64],

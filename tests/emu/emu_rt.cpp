@@ -182,7 +182,7 @@ static void compute(Warp &W) {
       WgQueue &q = wgq[&W - warps];
       WgOp op;
       memcpy(&op.flags, &W.in[0][72], 4);
-      const int dbytes = (op.flags & 8u) ? 128 : 256; /* bit3: N = 64 (32 accumulators) */
+      const int dbytes = 2 * (128 >> ((op.flags >> 3) & 3)); /* bits 3-4: N = 128 >> n */
       op.da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
       op.db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
       for (int t = 0; t < 32; t++) {
@@ -553,9 +553,9 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
 
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
-       * bit0 bf16, bit1 A from registers, bit2 scale_d, bit3 N = 64 (else 128); 73 warp in group */
+       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n; 73 warp in group */
       const uint32_t fl = op.flags;
-      const int N = (fl & 8u) ? 64 : 128;
+      const int N = 128 >> ((fl >> 3) & 3);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
@@ -621,7 +621,7 @@ static void wg_execute(Warp &W, WgOp &op) {
  * chunk was written, or by the thread that wrote it (then synchronized). */
 static void wg_check_visible(Warp &W, const WgOp &op) {
   const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
-  const int N = (op.flags & 8u) ? 64 : 128;
+  const int N = 128 >> ((op.flags >> 3) & 3);
   uint64_t fence = UINT64_MAX;
   for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
   auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
@@ -658,6 +658,8 @@ static void wg_issue(float d[64], const uint32_t *a, uint64_t da, uint64_t db, u
 }
 void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, scale_d ? 4u : 0u); }
+void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | 16u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 16u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
