@@ -52,7 +52,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   const kva_cuda_state *cs = kva_cuda_state_of(plan->ctx);
   const int hq = plan->cfg.num_qo_heads;
   const int tiles = kva_cuda_mla_row_tiles(hq, plan->cfg.max_q_tokens);
-  const int fast = (dtype == KVA_F16 || dtype == KVA_BF16) && (kv8 || pc->kv_dtype == dtype) &
+  const int fast = (dtype == KVA_F16 || dtype == KVA_BF16) && (kv8 || pc->kv_dtype == dtype) &&
                    !((((uintptr_t)q) | ((uintptr_t)o)) & 15u) &&
                    KVA_MLA_SMEM(kv8) <= cs->max_smem_optin && tiles <= 65535 && tiles <= hq;
   if (!fast) return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
