@@ -3,8 +3,8 @@
 # table last. Logs and JSON go under $OUT (the device tool returns them).
 #
 #   bash scripts/device_run.sh [stage ...]     stages: info check sanitize test
-#                                              decode prefill torch graph mma ws (default:
-#                                              all but mma and ws)
+#                                              decode mla prefill torch graph kernels
+#                                              (default: all but kernels)
 # Binaries: $KVA_BIN (default .dist, made here by scripts/stage_device.sh) or a
 # fresh build in build-cuda when .dist is absent.
 set -uo pipefail
@@ -17,7 +17,7 @@ if [ ! -x "$BIN/kvattn" ]; then
     cmake --build build-cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   BIN=build-cuda
 fi
-stages=${*:-info check sanitize test decode prefill torch graph}
+stages=${*:-info check sanitize test decode mla prefill torch graph}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -78,6 +78,29 @@ if has decode; then
   "$K" bench --device cuda --mode decode --heads 32:8 --head-dim 128 --page 1 --dtype bf16 --kv-dtype bf16 --batch 64,128 --ctx 4096 --json >>"$D"
   "$K" bench --device cuda --mode decode --heads 32:32 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --batch 64 --ctx 4096 --json >>"$D"
   "$K" bench --device cuda --mode decode --heads 32:1 --head-dim 128 --page 16 --dtype bf16 --kv-dtype bf16 --batch 128 --ctx 4096 --json >>"$D"
+fi
+
+if has mla; then
+  # FlashMLA's table: b=128, s_q 1/2, mean_sk 4096/8192, h_q 16..128, page 64, causal, varlen off/on
+  M="$OUT/bench_mla.jsonl"
+  : >"$M"
+  for sq in 1 2; do for h in 16 32 64 128; do for v in "" --varlen; do
+    # shellcheck disable=SC2086
+    "$K" bench --device cuda --mode mla --batch 128 --ctx 4096,8192 --heads $h:1 --sq $sq $v \
+      --page 64 --dtype bf16 --kv-dtype bf16 --json >>"$M"
+  done; done; done
+  "$K" bench --device cuda --mode mla --batch 128 --ctx 8192 --heads 64:1 --sq 1 --page 64 \
+    --dtype bf16 --kv-dtype fp8 --json >>"$M"
+  "$K" bench --device cuda --mode mla --batch 128 --ctx 8192 --heads 128:1 --sq 2 --page 64 \
+    --dtype bf16 --kv-dtype fp8 --json >>"$M"
+  python3 - "$M" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    j = json.loads(l)
+    print("mla b=%d sq=%d h=%-3d sk=%-5d var=%d kv=%-4s %7.4f ms %6.0f GB/s ratio %.3f %6.1f TFLOP/s [%s]" % (
+        j["batch"], j["sq"], int(j["heads"].split(":")[0]), j["ctx"], j["varlen"], j["kv_dtype"],
+        j["time_ms"], j["kv_gbps"], j["ratio"], j["tflops"], j.get("bound", "")))
+PY
 fi
 
 if has prefill; then
