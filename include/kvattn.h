@@ -138,6 +138,15 @@ void kva_pool_destroy(kva_pool *pool);
 const kva_pool_config *kva_pool_get_config(const kva_pool *pool);
 /* fp8 pools: per-layer dequantization scales (real = stored * scale); 1.0 by default. */
 kva_status kva_pool_set_scale(kva_pool *pool, int layer, float k_scale, float v_scale);
+/* A pool over caller-owned buffers (FA3 / FlashInfer / FlashMLA style):
+ * k_layers[l] (and v_layers[l] for MHA; v_layers must be NULL for MLA) are
+ * memory on the context's device, 16-byte aligned, laid out as the config's
+ * layout says ([num_pages, page_size, num_kv_heads, head_dim] or
+ * [num_pages, page_size, 576]) in kv_dtype. The pool never frees them; they
+ * must outlive it. The allocator works as for an owned pool (all pages free);
+ * plans from kva_plan_create_paged ignore it. */
+kva_status kva_pool_create_external(kva_context *ctx, const kva_pool_config *config,
+                                    void *const *k_layers, void *const *v_layers, kva_pool **out);
 /* Device pointers of a layer's buffers (v is NULL for MLA). */
 kva_status kva_pool_get_buffers(const kva_pool *pool, int layer, void **k, void **v);
 
@@ -247,6 +256,27 @@ void kva_plan_destroy(kva_plan *plan);
  * keeps its previous batch. */
 kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch);
 kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *info);
+
+/* Plans whose batches name their pages directly, as FA3's page_table and
+ * cache_seqlens do (no request table; the caller manages the pages). */
+kva_status kva_plan_create_paged(kva_pool *pool, const kva_plan_config *config,
+                                 int max_pages_per_req, kva_plan **out);
+
+typedef struct kva_paged_batch {
+  int num_requests;
+  const int32_t *num_new;       /* [num_requests] new (query) tokens, >= 1 */
+  const int32_t *cache_seqlens; /* [num_requests] KV length including the new tokens */
+  const int32_t *page_table;    /* [num_requests, page_table_stride] page ids (host) */
+  int page_table_stride;        /* >= pages of the longest request, <= max_pages_per_req */
+} kva_paged_batch;
+
+/* As kva_plan_update, for a plan made by kva_plan_create_paged (each call
+ * form refuses the other's plan with KVA_ERR_STATE). Page ids must be in
+ * [0, num_pages); pages may be shared between requests, but the slots of new
+ * tokens should not be (kva_store_kv would write them twice). New token t of
+ * request r sits at position cache_seqlens[r] - num_new[r] + t, KV slot
+ * page_table[r][pos / page_size] * page_size + pos % page_size. */
+kva_status kva_plan_update_paged(kva_plan *plan, const kva_paged_batch *batch);
 
 /* ---- per-layer run ----------------------------------------------------- */
 

@@ -49,6 +49,7 @@ struct kva_pool {
   int32_t *refcount;    /* [num_pages]; 0 = free */
   int32_t *free_stack;  /* [num_pages] */
   int32_t num_free;
+  int external;         /* buffers are the caller's (kva_pool_create_external): never freed */
 };
 
 struct kva_req_table {

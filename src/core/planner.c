@@ -13,6 +13,7 @@ typedef struct plan_impl {
   uint32_t *slot_stamp;       /* [table->max_requests] duplicate-slot detection */
   uint32_t stamp;
   int32_t *sched_kv;          /* [max_batch] kv_len per request for the schedule */
+  int32_t *kv_len;            /* [max_batch] num_cached + num_new of kva_plan_update's batch */
   kva_split_work *tmp_sched;  /* [num_workers] */
   int32_t *tmp_indptr;        /* [max_batch + 1] */
   int32_t *tmp_row_offset;    /* [max_batch + 1] */
@@ -48,6 +49,7 @@ void kva_plan_destroy(kva_plan *plan) {
   free(plan->split_row_offset);
   free(pi->slot_stamp);
   free(pi->sched_kv);
+  free(pi->kv_len);
   free(pi->tmp_sched);
   free(pi->tmp_indptr);
   free(pi->tmp_row_offset);
@@ -57,15 +59,15 @@ void kva_plan_destroy(kva_plan *plan) {
 /* Workers beyond this are a configuration error rather than a real machine. */
 #define KVA_PLAN_MAX_WORKERS 65536
 
-kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, kva_plan **out) {
-  static const char *fn = "kva_plan_create";
-  KVA_CHECK_NULL(table, fn);
+/* A plan over table (kva_plan_create) or, with table NULL, over caller page
+ * tables of up to max_pages_per_req pages (kva_plan_create_paged). */
+static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_pages_per_req,
+                              const kva_plan_config *config, const char *fn, kva_plan **out) {
   KVA_CHECK_NULL(config, fn);
   KVA_CHECK_NULL(out, fn);
   *out = NULL;
-  kva_pool *pool = table->pool;
   if (!pool || !pool->ctx || !pool->ctx->backend)
-    return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: table has no pool/context", fn);
+    return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: the pool has no context", fn);
   kva_context *ctx = pool->ctx;
   const kva_backend *be = ctx->backend;
 
@@ -90,12 +92,12 @@ kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, 
                          "%s: config->split_block must be >= 0 (got %d)", fn,
                          config->split_block);
   /* ragged page indices and their indptr are int32 */
-  int64_t max_pages = (int64_t)config->max_batch * table->max_pages_per_req;
+  int64_t max_pages = (int64_t)config->max_batch * max_pages_per_req;
   if (max_pages > INT32_MAX)
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
                          "%s: config->max_batch (%d) x pages per request (%d) exceeds int32 "
                          "page indices",
-                         fn, config->max_batch, table->max_pages_per_req);
+                         fn, config->max_batch, max_pages_per_req);
 
   int workers = config->num_workers;
   if (workers == 0)
@@ -125,7 +127,7 @@ kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, 
   p->cfg = *config;
   p->cfg.num_workers = workers;
   p->cfg.split_block = block;
-  p->max_pages_per_req = table->max_pages_per_req;
+  p->max_pages_per_req = max_pages_per_req;
   p->max_partial_rows = (int)rows;
 
   size_t B = (size_t)config->max_batch, Q = (size_t)config->max_q_tokens;
@@ -146,8 +148,9 @@ kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, 
   p->split_schedule = (kva_split_work *)xcalloc((size_t)workers, sizeof(kva_split_work));
   p->split_indptr = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
   p->split_row_offset = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
-  pi->slot_stamp = (uint32_t *)xcalloc((size_t)table->max_requests, sizeof(uint32_t));
+  pi->slot_stamp = (uint32_t *)xcalloc(table ? (size_t)table->max_requests : 1, sizeof(uint32_t));
   pi->sched_kv = (int32_t *)xcalloc(B, sizeof(int32_t));
+  pi->kv_len = (int32_t *)xcalloc(B, sizeof(int32_t));
   pi->tmp_sched = (kva_split_work *)xcalloc((size_t)workers, sizeof(kva_split_work));
   pi->tmp_indptr = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
   pi->tmp_row_offset = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
@@ -155,7 +158,7 @@ kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, 
       !p->cache_seqlens || !p->page_table || !p->kv_indptr || !p->kv_indices ||
       !p->kv_last_page_len || !p->out_cache_loc || !p->q_req || !p->decode_reqs ||
       !p->extend_reqs || !p->split_schedule || !p->split_indptr || !p->split_row_offset ||
-      !pi->slot_stamp || !pi->sched_kv || !pi->tmp_sched || !pi->tmp_indptr ||
+      !pi->slot_stamp || !pi->sched_kv || !pi->kv_len || !pi->tmp_sched || !pi->tmp_indptr ||
       !pi->tmp_row_offset) {
     kva_plan_destroy(p);
     return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
@@ -188,6 +191,22 @@ kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, 
   pi->backend_inited = 1;
   *out = p;
   return KVA_OK;
+}
+
+kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, kva_plan **out) {
+  static const char *fn = "kva_plan_create";
+  KVA_CHECK_NULL(table, fn);
+  return plan_create(table->pool, table, table->max_pages_per_req, config, fn, out);
+}
+
+kva_status kva_plan_create_paged(kva_pool *pool, const kva_plan_config *config,
+                                 int max_pages_per_req, kva_plan **out) {
+  static const char *fn = "kva_plan_create_paged";
+  KVA_CHECK_NULL(pool, fn);
+  if (max_pages_per_req <= 0)
+    return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: max_pages_per_req must be > 0 (got %d)",
+                         fn, max_pages_per_req);
+  return plan_create(pool, NULL, max_pages_per_req, config, fn, out);
 }
 
 /* Validation of request i of the batch; reads only. */
@@ -237,75 +256,66 @@ static kva_status check_request(const kva_plan *p, const kva_batch *b, int i) {
   return KVA_OK;
 }
 
-kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
-  static const char *fn = "kva_plan_update";
-  KVA_CHECK_NULL(plan, fn);
-  KVA_CHECK_NULL(batch, fn);
-  plan_impl *pi = (plan_impl *)plan;
-  kva_plan *p = plan;
+/* Batch-size checks common to both update forms. */
+static kva_status check_batch_size(const kva_plan *p, int n, const char *fn) {
   if (p->capturing)
     return kva_set_error(KVA_ERR_STATE, "%s: plan is inside a graph capture", fn);
-  const int n = batch->num_requests;
   if (n < 1)
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: batch->num_requests must be >= 1 (got %d)",
                          fn, n);
   if (n > p->cfg.max_batch)
     return kva_set_error(KVA_ERR_CAPACITY, "%s: batch->num_requests %d exceeds max_batch %d", fn,
                          n, p->cfg.max_batch);
-  KVA_CHECK_NULL(batch->req_slots, fn);
-  KVA_CHECK_NULL(batch->num_cached, fn);
-  KVA_CHECK_NULL(batch->num_new, fn);
+  return KVA_OK;
+}
 
-  /* ---- validate everything before touching the plan ---- */
-  if (++pi->stamp == 0) { /* wrapped: forget old stamps */
-    memset(pi->slot_stamp, 0, (size_t)p->table->max_requests * sizeof(uint32_t));
-    pi->stamp = 1;
-  }
-  const int ps = p->pool->cfg.page_size;
-  int64_t total_q = 0, total_k = 0;
-  int max_pages = 0;
-  for (int i = 0; i < n; i++) {
-    kva_status st = check_request(p, batch, i);
-    if (st != KVA_OK) return st;
-    int32_t slot = batch->req_slots[i];
-    if (pi->slot_stamp[slot] == pi->stamp)
-      return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
-                           "%s: batch->req_slots[%d] = %d appears twice in the batch", fn, i,
-                           slot);
-    pi->slot_stamp[slot] = pi->stamp;
-    int32_t len = batch->num_cached[i] + batch->num_new[i]; /* fits: checked <= req len */
-    total_q += batch->num_new[i];
-    total_k += len;
-    int pages = (len + ps - 1) / ps;
-    if (pages > max_pages) max_pages = pages;
-  }
+/* Totals of a validated batch against the plan's capacities. */
+static kva_status check_totals(const kva_plan *p, int64_t total_q, int64_t total_k,
+                               const char *fn) {
   if (total_q > p->cfg.max_q_tokens)
     return kva_set_error(KVA_ERR_CAPACITY, "%s: the batch has %lld new tokens, max_q_tokens is %d",
                          fn, (long long)total_q, p->cfg.max_q_tokens);
   if (total_k > INT32_MAX)
     return kva_set_error(KVA_ERR_CAPACITY, "%s: the batch has %lld KV tokens, beyond int32", fn,
                          (long long)total_k);
+  return KVA_OK;
+}
 
-  /* split schedule over decode requests, into scratch */
-  for (int i = 0; i < n; i++)
-    pi->sched_kv[i] =
-        batch->num_new[i] <= KVA_MAX_DECODE_Q ? batch->num_cached[i] + batch->num_new[i] : 0;
-  const int W = p->cfg.num_workers;
-  int nsplits = kva_split_schedule(n, pi->sched_kv, batch->num_new, p->cfg.split_block, W,
-                                   pi->tmp_sched, pi->tmp_indptr);
+/* Split schedule over the decode requests and their partial rows, into
+ * scratch. kv_len[i] = num_cached + num_new. */
+static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
+                           int *nsplits, const char *fn) {
+  kva_plan *p = &pi->pub;
+  for (int i = 0; i < n; i++) pi->sched_kv[i] = num_new[i] <= KVA_MAX_DECODE_Q ? kv_len[i] : 0;
+  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, p->cfg.num_workers,
+                                pi->tmp_sched, pi->tmp_indptr);
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
     pi->tmp_row_offset[i] = (int32_t)(rows <= INT32_MAX ? rows : INT32_MAX);
     int s = pi->tmp_indptr[i + 1] - pi->tmp_indptr[i];
-    if (s > 1) rows += (int64_t)s * batch->num_new[i];
+    if (s > 1) rows += (int64_t)s * num_new[i];
   }
   if (rows > p->max_partial_rows)
     return kva_set_error(KVA_ERR_WORKSPACE_TOO_SMALL,
                          "%s: split-KV needs %lld partial rows, the plan has %d", fn,
                          (long long)rows, p->max_partial_rows);
   pi->tmp_row_offset[n] = (int32_t)rows;
+  return KVA_OK;
+}
 
-  /* ---- commit ---- */
+/* Where a validated, scheduled batch's pages and new-token slots come from:
+ * the request table's rows, or the caller's page table. */
+typedef struct page_source {
+  const int32_t *req_slots;  /* request-table plans */
+  const int32_t *page_table; /* paged plans: [n, stride] */
+  int stride;
+} page_source;
+
+/* Writes the batch into the plan (nothing here can fail), then publishes it. */
+static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
+                         int max_pages, const page_source *src, int nsplits) {
+  kva_plan *p = &pi->pub;
+  const int ps = p->pool->cfg.page_size;
   int32_t cq = 0, ck = 0, kvp = 0, max_q = 0, max_k = 0;
   int nd = 0, ne = 0;
   memset(p->page_table, 0, (size_t)n * (size_t)max_pages * sizeof(int32_t));
@@ -313,16 +323,16 @@ kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
   p->cu_seqlens_k[0] = 0;
   p->kv_indptr[0] = 0;
   for (int i = 0; i < n; i++) {
-    int32_t slot = batch->req_slots[i], nc = batch->num_cached[i], nn = batch->num_new[i];
-    int32_t len = nc + nn;
-    const int32_t *tok = kva_req_tokens(p->table, slot);
-    p->req_slots[i] = slot;
+    int32_t len = kv_len[i], nn = num_new[i], nc = len - nn;
+    const int32_t *tok = src->req_slots ? kva_req_tokens(p->table, src->req_slots[i]) : NULL;
+    const int32_t *user_row = src->page_table ? src->page_table + (size_t)i * src->stride : NULL;
+    p->req_slots[i] = src->req_slots ? src->req_slots[i] : -1;
     p->num_new[i] = nn;
     p->cache_seqlens[i] = len;
     int pages = (len + ps - 1) / ps;
     int32_t *row = p->page_table + (size_t)i * (size_t)max_pages;
     for (int j = 0; j < pages; j++) {
-      int32_t page = tok[(size_t)j * (size_t)ps] / ps;
+      int32_t page = tok ? tok[(size_t)j * (size_t)ps] / ps : user_row[j];
       row[j] = page;
       p->kv_indices[kvp + j] = page;
     }
@@ -330,7 +340,8 @@ kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
     p->kv_indptr[i + 1] = kvp;
     p->kv_last_page_len[i] = len - (pages - 1) * ps;
     for (int t = 0; t < nn; t++) {
-      p->out_cache_loc[cq + t] = tok[nc + t];
+      int32_t pos = nc + t;
+      p->out_cache_loc[cq + t] = tok ? tok[pos] : row[pos / ps] * ps + pos % ps;
       p->q_req[cq + t] = i;
     }
     cq += nn;
@@ -344,6 +355,7 @@ kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
     else
       p->extend_reqs[ne++] = i;
   }
+  const int W = p->cfg.num_workers;
   memcpy(p->split_schedule, pi->tmp_sched, (size_t)W * sizeof(kva_split_work));
   memcpy(p->split_indptr, pi->tmp_indptr, (size_t)(n + 1) * sizeof(int32_t));
   memcpy(p->split_row_offset, pi->tmp_row_offset, (size_t)(n + 1) * sizeof(int32_t));
@@ -371,6 +383,115 @@ kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
     }
   }
   return KVA_OK;
+}
+
+kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
+  static const char *fn = "kva_plan_update";
+  KVA_CHECK_NULL(plan, fn);
+  KVA_CHECK_NULL(batch, fn);
+  plan_impl *pi = (plan_impl *)plan;
+  kva_plan *p = plan;
+  if (!p->table)
+    return kva_set_error(KVA_ERR_STATE, "%s: the plan was made by kva_plan_create_paged; use "
+                         "kva_plan_update_paged", fn);
+  const int n = batch->num_requests;
+  kva_status st = check_batch_size(p, n, fn);
+  if (st != KVA_OK) return st;
+  KVA_CHECK_NULL(batch->req_slots, fn);
+  KVA_CHECK_NULL(batch->num_cached, fn);
+  KVA_CHECK_NULL(batch->num_new, fn);
+
+  /* ---- validate everything before touching the plan ---- */
+  if (++pi->stamp == 0) { /* wrapped: forget old stamps */
+    memset(pi->slot_stamp, 0, (size_t)p->table->max_requests * sizeof(uint32_t));
+    pi->stamp = 1;
+  }
+  const int ps = p->pool->cfg.page_size;
+  int64_t total_q = 0, total_k = 0;
+  int max_pages = 0;
+  for (int i = 0; i < n; i++) {
+    st = check_request(p, batch, i);
+    if (st != KVA_OK) return st;
+    int32_t slot = batch->req_slots[i];
+    if (pi->slot_stamp[slot] == pi->stamp)
+      return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
+                           "%s: batch->req_slots[%d] = %d appears twice in the batch", fn, i,
+                           slot);
+    pi->slot_stamp[slot] = pi->stamp;
+    int32_t len = batch->num_cached[i] + batch->num_new[i]; /* fits: checked <= req len */
+    pi->kv_len[i] = len;
+    total_q += batch->num_new[i];
+    total_k += len;
+    int pages = (len + ps - 1) / ps;
+    if (pages > max_pages) max_pages = pages;
+  }
+  st = check_totals(p, total_q, total_k, fn);
+  if (st != KVA_OK) return st;
+  int nsplits;
+  st = schedule(pi, n, pi->kv_len, batch->num_new, &nsplits, fn);
+  if (st != KVA_OK) return st;
+  page_source src = {batch->req_slots, NULL, 0};
+  return commit(pi, n, pi->kv_len, batch->num_new, max_pages, &src, nsplits);
+}
+
+kva_status kva_plan_update_paged(kva_plan *plan, const kva_paged_batch *batch) {
+  static const char *fn = "kva_plan_update_paged";
+  KVA_CHECK_NULL(plan, fn);
+  KVA_CHECK_NULL(batch, fn);
+  plan_impl *pi = (plan_impl *)plan;
+  kva_plan *p = plan;
+  if (p->table)
+    return kva_set_error(KVA_ERR_STATE, "%s: the plan was made by kva_plan_create over a request "
+                         "table; use kva_plan_update", fn);
+  const int n = batch->num_requests;
+  kva_status st = check_batch_size(p, n, fn);
+  if (st != KVA_OK) return st;
+  KVA_CHECK_NULL(batch->num_new, fn);
+  KVA_CHECK_NULL(batch->cache_seqlens, fn);
+  KVA_CHECK_NULL(batch->page_table, fn);
+  const int stride = batch->page_table_stride;
+  if (stride < 1 || stride > p->max_pages_per_req)
+    return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
+                         "%s: batch->page_table_stride %d is not in [1, max_pages_per_req %d]", fn,
+                         stride, p->max_pages_per_req);
+  const kva_pool_config *pc = &p->pool->cfg;
+  const int ps = pc->page_size;
+  int64_t total_q = 0, total_k = 0;
+  int max_pages = 0;
+  for (int i = 0; i < n; i++) {
+    int32_t nn = batch->num_new[i], len = batch->cache_seqlens[i];
+    if (nn < 1)
+      return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: batch->num_new[%d] = %d must be >= 1",
+                           fn, i, nn);
+    if (len < nn)
+      return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
+                           "%s: batch->cache_seqlens[%d] = %d is less than num_new (%d); it "
+                           "counts the new tokens too",
+                           fn, i, len, nn);
+    int64_t pages = ((int64_t)len + ps - 1) / ps;
+    if (pages > stride)
+      return kva_set_error(KVA_ERR_OUT_OF_RANGE,
+                           "%s: request %d has %d tokens = %lld pages of %d, beyond "
+                           "page_table_stride %d",
+                           fn, i, len, (long long)pages, ps, stride);
+    const int32_t *row = batch->page_table + (size_t)i * (size_t)stride;
+    for (int64_t j = 0; j < pages; j++)
+      if (row[j] < 0 || row[j] >= pc->num_pages)
+        return kva_set_error(KVA_ERR_OUT_OF_RANGE,
+                             "%s: batch->page_table[%d][%lld] = %d is not a page of the pool "
+                             "[0, %d)",
+                             fn, i, (long long)j, row[j], pc->num_pages);
+    total_q += nn;
+    total_k += len;
+    if (pages > max_pages) max_pages = (int)pages;
+  }
+  st = check_totals(p, total_q, total_k, fn);
+  if (st != KVA_OK) return st;
+  int nsplits;
+  st = schedule(pi, n, batch->cache_seqlens, batch->num_new, &nsplits, fn);
+  if (st != KVA_OK) return st;
+  page_source src = {NULL, batch->page_table, stride};
+  return commit(pi, n, batch->cache_seqlens, batch->num_new, max_pages, &src, nsplits);
 }
 
 kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *info) {

@@ -6,8 +6,7 @@
 #include "core/dtype.h"
 #include "core/internal.h"
 
-static kva_status check_config(const kva_pool_config *c) {
-  static const char *fn = "kva_pool_create";
+static kva_status check_config(const kva_pool_config *c, const char *fn) {
   if (c->layout != KVA_LAYOUT_MHA && c->layout != KVA_LAYOUT_MLA)
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: config->layout %d is not a kva_layout", fn,
                          (int)c->layout);
@@ -53,7 +52,7 @@ static kva_status check_config(const kva_pool_config *c) {
 
 void kva_pool_destroy(kva_pool *pool) {
   if (!pool) return;
-  for (int l = 0; l < pool->cfg.num_layers; l++) {
+  for (int l = 0; l < pool->cfg.num_layers && !pool->external; l++) {
     if (pool->k) kva_free(pool->ctx, pool->k[l]);
     if (pool->v) kva_free(pool->ctx, pool->v[l]);
   }
@@ -66,13 +65,13 @@ void kva_pool_destroy(kva_pool *pool) {
   free(pool);
 }
 
-kva_status kva_pool_create(kva_context *ctx, const kva_pool_config *config, kva_pool **out) {
-  static const char *fn = "kva_pool_create";
+/* The host side of a pool (config, scales, allocator); no buffers yet. */
+static kva_status pool_new(kva_context *ctx, const kva_pool_config *config, const char *fn,
+                           kva_pool **out) {
+  *out = NULL;
   KVA_CHECK_NULL(ctx, fn);
   KVA_CHECK_NULL(config, fn);
-  KVA_CHECK_NULL(out, fn);
-  *out = NULL;
-  kva_status st = check_config(config);
+  kva_status st = check_config(config, fn);
   if (st != KVA_OK) return st;
   size_t token_elems = (size_t)config->num_kv_heads * (size_t)config->head_dim;
   size_t page_bytes = token_elems * (size_t)config->page_size * kva_dtype_size(config->kv_dtype);
@@ -98,10 +97,24 @@ kva_status kva_pool_create(kva_context *ctx, const kva_pool_config *config, kva_
     kva_pool_destroy(pool);
     return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
+  for (int l = 0; l < L; l++) pool->k_scale[l] = pool->v_scale[l] = 1.0f;
+  /* pop order = ascending page ids */
+  for (int i = 0; i < P; i++) pool->free_stack[i] = P - 1 - i;
+  pool->num_free = P;
+  *out = pool;
+  return KVA_OK;
+}
+
+kva_status kva_pool_create(kva_context *ctx, const kva_pool_config *config, kva_pool **out) {
+  static const char *fn = "kva_pool_create";
+  KVA_CHECK_NULL(out, fn);
+  *out = NULL;
+  kva_pool *pool;
+  kva_status st = pool_new(ctx, config, fn, &pool);
+  if (st != KVA_OK) return st;
   size_t pool_bytes = pool->layer_bytes; /* per layer and buffer */
-  for (int l = 0; l < L; l++) {
-    pool->k_scale[l] = pool->v_scale[l] = 1.0f;
-    int nbuf = config->layout == KVA_LAYOUT_MLA ? 1 : 2;
+  int nbuf = config->layout == KVA_LAYOUT_MLA ? 1 : 2;
+  for (int l = 0; l < config->num_layers; l++) {
     for (int b = 0; b < nbuf; b++) {
       void **dst = b == 0 ? &pool->k[l] : &pool->v[l];
       st = ctx->backend->mem_alloc(ctx, pool_bytes, dst);
@@ -113,9 +126,49 @@ kva_status kva_pool_create(kva_context *ctx, const kva_pool_config *config, kva_
       }
     }
   }
-  /* pop order = ascending page ids */
-  for (int i = 0; i < P; i++) pool->free_stack[i] = P - 1 - i;
-  pool->num_free = P;
+  *out = pool;
+  return KVA_OK;
+}
+
+kva_status kva_pool_create_external(kva_context *ctx, const kva_pool_config *config,
+                                    void *const *k_layers, void *const *v_layers,
+                                    kva_pool **out) {
+  static const char *fn = "kva_pool_create_external";
+  KVA_CHECK_NULL(out, fn);
+  *out = NULL;
+  KVA_CHECK_NULL(ctx, fn);
+  KVA_CHECK_NULL(config, fn);
+  KVA_CHECK_NULL(k_layers, fn);
+  if (config->layout == KVA_LAYOUT_MLA) {
+    if (v_layers)
+      return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
+                           "%s: v_layers must be NULL for an MLA pool (K holds the latent)", fn);
+  } else {
+    KVA_CHECK_NULL(v_layers, fn);
+  }
+  if (config->num_layers > 0) {
+    /* kernels load 16-byte vectors from every buffer */
+    for (int l = 0; l < config->num_layers; l++) {
+      for (int b = 0; b < (v_layers ? 2 : 1); b++) {
+        const void *ptr = b == 0 ? k_layers[l] : v_layers[l];
+        if (!ptr)
+          return kva_set_error(KVA_ERR_NULL_ARGUMENT, "%s: %s_layers[%d] is NULL", fn,
+                               b == 0 ? "k" : "v", l);
+        if ((uintptr_t)ptr % 16 != 0)
+          return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
+                               "%s: %s_layers[%d] = %p is not 16-byte aligned", fn,
+                               b == 0 ? "k" : "v", l, ptr);
+      }
+    }
+  }
+  kva_pool *pool;
+  kva_status st = pool_new(ctx, config, fn, &pool);
+  if (st != KVA_OK) return st;
+  pool->external = 1;
+  for (int l = 0; l < config->num_layers; l++) {
+    pool->k[l] = k_layers[l];
+    pool->v[l] = v_layers ? v_layers[l] : NULL;
+  }
   *out = pool;
   return KVA_OK;
 }
