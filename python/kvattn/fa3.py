@@ -33,7 +33,7 @@ def _scale_of(x, name):
 
 def _unsupported(**kw):
     for name, (value, default) in kw.items():
-        if value is not default and value != default:
+        if value is not default and (default is None or value != default):
             raise ValueError(f"flash_attn_with_kvcache: {name} is not supported by kvattn "
                              "(see docs/python/support.md)")
 
