@@ -8,7 +8,9 @@ Plan, GraphState) and KvattnAttnBackend (SGLang's attention-backend shape).
 from ._lib import KvattnError, api as _api
 from .core import (LAYOUT_MHA, LAYOUT_MLA, Context, GraphState, Plan, Pool, ReqTable,
                    attn_params, device_available)
+from .backend import KvattnAttnBackend
 from .fa3 import flash_attn_with_kvcache
+from .flashmla import flash_mla_with_kvcache, get_mla_metadata
 from .flashinfer import (BatchDecodeWithPagedKVCacheWrapper, BatchPrefillWithPagedKVCacheWrapper,
                          merge_state, merge_state_in_place)
 
@@ -18,4 +20,5 @@ library_path = _api.path
 __all__ = ["KvattnError", "Context", "Pool", "ReqTable", "Plan", "GraphState", "attn_params",
            "device_available", "LAYOUT_MHA", "LAYOUT_MLA", "flash_attn_with_kvcache",
            "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper",
-           "merge_state", "merge_state_in_place", "library_path"]
+           "merge_state", "merge_state_in_place", "get_mla_metadata", "flash_mla_with_kvcache",
+           "KvattnAttnBackend", "library_path"]
