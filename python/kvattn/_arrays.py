@@ -46,6 +46,34 @@ class Arr:
         return True
 
 
+def reshape(a, shape):
+    """A contiguous view with another shape (same memory); -1 allowed once."""
+    if not a.contiguous():
+        raise ValueError(f"cannot view a non-contiguous array of shape {list(a.shape)} as {shape}")
+    shape = list(shape)
+    if -1 in shape:
+        rest = 1
+        for s in shape:
+            rest *= s if s != -1 else 1
+        shape[shape.index(-1)] = a.numel() // rest if rest else 0
+    n = 1
+    for s in shape:
+        n *= s
+    if n != a.numel():
+        raise ValueError(f"cannot view shape {list(a.shape)} as {shape}")
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.insert(0, acc)
+        acc *= s
+    return Arr(a.ptr, shape, strides, a.dtype, a.device, a.kind, a.obj, a.keep)
+
+
+def head_rows(a, total):
+    """The first `total` rows of a contiguous array viewed as [rows, ...]."""
+    return Arr(a.ptr, (total,) + tuple(a.shape[1:]), a.strides, a.dtype, a.device, a.kind, a.obj,
+               a.keep)
+
+
 def is_torch(x):
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
 
@@ -56,6 +84,8 @@ def _dtype_name(d):
 
 def view(x, name):
     """An Arr over x without copying; TypeError for anything that is not an array."""
+    if isinstance(x, Arr):
+        return x
     if is_torch(x):
         dt = _TORCH.get(str(x.dtype))
         if dt is None:
@@ -214,8 +244,8 @@ def i32p(arr):
 # ---- allocation like the inputs ------------------------------------------
 
 def empty_like_kind(ref, shape, dtype):
-    """New array of the library of ref (numpy or torch), on ref's device."""
-    if ref.kind == "numpy":
+    """New array like ref: numpy on the CPU unless ref is a torch tensor; torch on CUDA."""
+    if ref.kind != "torch" and ref.device == "cpu":
         import numpy as np
         return np.empty(shape, dtype={F32: np.float32, F16: np.float16}[dtype])
     import torch

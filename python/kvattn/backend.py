@@ -94,15 +94,16 @@ class KvattnAttnBackend:
                              f"got {list(qv.shape)}")
         tokens = qv.shape[0]
         if save_kv_cache and k is not None:
+            kv = A.view(k, "k")
             if pool.is_mla:
-                plan.store_kv(layer.layer_id, k.reshape(tokens, MLA_HEAD_DIM))
+                plan.store_kv(layer.layer_id, A.reshape(kv, (tokens, MLA_HEAD_DIM)))
             else:
                 shape = (tokens, pool.num_kv_heads, pool.head_dim)
-                plan.store_kv(layer.layer_id, k.reshape(shape), v.reshape(shape))
+                plan.store_kv(layer.layer_id, A.reshape(kv, shape), A.reshape(A.view(v, "v"), shape))
         window = getattr(layer, "sliding_window_size", -1)
         params = attn_params(getattr(layer, "scaling", None), True,
                              -1 if window is None else window, getattr(layer, "logit_cap", 0.0))
-        o = plan.attention(layer.layer_id, q.reshape(tokens, hq, d_in), params=params)
+        o = plan.attention(layer.layer_id, A.reshape(qv, (tokens, hq, d_in)), params=params)
         return o.reshape(tokens, hq * d_out)
 
     # ---- CUDA graphs (decode) ------------------------------------------------

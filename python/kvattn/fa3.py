@@ -181,18 +181,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     plan = _cache.paged_plan(pool, num_qo_heads=hq, batch=len(live), q_tokens=total_q,
                              pages_per_req=stride)
     plan.update_paged(q_lens[live], total_k[live], np.ascontiguousarray(pt[live, :stride]))
-    q_rows = _rows(q, qa, total_q, hq, d)
-    o_rows = _rows(out, qa, total_q, hq, d)
+    q_rows = A.head_rows(A.reshape(qa, (-1, hq, d)), total_q)
+    o_rows = A.head_rows(A.reshape(A.view(out, "out"), (-1, hq, d)), total_q)
     if new_k is not None:
-        plan.store_kv(0, _rows(k, new_k, total_q, hk, d), _rows(v, new_v, total_q, hk, d))
+        plan.store_kv(0, A.head_rows(A.reshape(new_k, (-1, hk, d)), total_q),
+                      A.head_rows(A.reshape(new_v, (-1, hk, d)), total_q))
     # rows of empty requests are empty, so the live requests' rows are rows [0, total_q)
-    plan.attention(0, q_rows, o_rows, None if lse is None else lse[:total_q], params=params)
+    lse_rows = None if lse is None else A.head_rows(A.view(lse, "lse"), total_q)
+    plan.attention(0, q_rows, o_rows, lse_rows, params=params)
     return _finish(out, lse, qa, varlen, batch, hq, q_lens)
-
-
-def _rows(x, _view, total, h, d):
-    """[total, h, d] view of a contiguous batch-major array (no copy)."""
-    return x.reshape(-1, h, d)[:total]
 
 
 def _finish(out, lse, qa, varlen, batch, hq, q_lens):

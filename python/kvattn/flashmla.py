@@ -114,7 +114,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     plan.update_paged(np.full(b, sq, np.int32), seq, np.ascontiguousarray(pt[:, :stride]))
     out = A.empty_like_kind(qa, (b, sq, hq, MLA_V_DIM), qa.dtype)
     lse = A.empty_like_kind(qa, (b * sq, hq), A.F32)
-    plan.attention(0, q.reshape(b * sq, hq, MLA_HEAD_DIM), out.reshape(b * sq, hq, MLA_V_DIM), lse,
+    plan.attention(0, A.reshape(qa, (b * sq, hq, MLA_HEAD_DIM)),
+                   A.reshape(A.view(out, "out"), (b * sq, hq, MLA_V_DIM)), lse,
                    params=attn_params(softmax_scale, bool(causal)))
     lse = lse.reshape(b, sq, hq)
     lse = lse.transpose(1, 2).contiguous() if A.is_torch(lse) else np.ascontiguousarray(lse.transpose(0, 2, 1))
