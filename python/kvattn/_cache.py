@@ -10,11 +10,13 @@ same pool.
 """
 import collections
 
-from . import _arrays as A
-from .core import LAYOUT_MHA, LAYOUT_MLA, Context, Plan, Pool
+from .core import LAYOUT_MHA, Context, Plan, Pool
 
 MAX_POOLS = 1024  # distinct caller buffers (layers x caches) kept before evicting
 _pools = collections.OrderedDict()
+# pool -> {num_qo_heads: plan}; kept here, not on the pool, so that no
+# reference cycle leaves the destruction order (plan before pool) to the gc
+_plans = {}
 
 
 def external_pool(k, v, *, page_size, pages_view_shape, layout=LAYOUT_MHA, v_offset_bytes=0,
@@ -34,16 +36,17 @@ def external_pool(k, v, *, page_size, pages_view_shape, layout=LAYOUT_MHA, v_off
     pool = Pool(ctx, num_layers=1, num_pages=num_pages, page_size=ps, num_kv_heads=hk,
                 head_dim=d, kv_dtype=k.dtype, layout=layout,
                 _external=([kptr], None if vptr is None else [vptr], None))
-    pool._plans = {}
     _pools[key] = pool
     while len(_pools) > MAX_POOLS:
-        _pools.popitem(last=False)
+        _, old = _pools.popitem(last=False)
+        _plans.pop(old, None)
     return pool
 
 
 def paged_plan(pool, *, num_qo_heads, batch, q_tokens, pages_per_req, num_workers=0):
     """A paged plan of pool with at least the given capacities (grown by doubling)."""
-    plan = pool._plans.get(num_qo_heads)
+    plans = _plans.setdefault(pool, {})
+    plan = plans.get(num_qo_heads)
     if plan is not None and (plan.config.max_batch >= batch and plan.config.max_q_tokens >= q_tokens
                              and plan.max_pages_per_req >= pages_per_req
                              and plan.config.num_workers == num_workers):
@@ -53,14 +56,15 @@ def paged_plan(pool, *, num_qo_heads, batch, q_tokens, pages_per_req, num_worker
     plan = Plan.paged(pool, num_qo_heads=num_qo_heads,
                       max_batch=grow(old.max_batch if old else 0, max(batch, 8)),
                       max_q_tokens=grow(old.max_q_tokens if old else 0, max(q_tokens, 64)),
-                      max_pages_per_req=grow(pool._plans[num_qo_heads].max_pages_per_req
+                      max_pages_per_req=grow(plans[num_qo_heads].max_pages_per_req
                                              if old else 0, max(pages_per_req, 1)),
                       num_workers=num_workers)
-    pool._plans[num_qo_heads] = plan
+    plans[num_qo_heads] = plan
     return plan
 
 
 def clear():
     """Drops every cached pool and plan (tests; or to release device memory)."""
+    _plans.clear()
     _pools.clear()
 

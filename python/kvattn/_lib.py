@@ -4,6 +4,7 @@ Search order: $KVATTN_LIBRARY, the copy bundled by `pip install` (kvattn/lib/),
 the source tree's build directories (build, build-cuda, build-py/lib), then the
 system's library path.
 """
+import atexit
 import ctypes
 import ctypes.util
 import os
@@ -199,6 +200,11 @@ def _missing(name, path):
 
 
 api = _Api(_load())
+
+# At interpreter exit objects are torn down in no particular order (a context
+# could go before its pools): from then on destructors leave memory to the OS.
+alive = [True]
+atexit.register(alive.clear)
 
 
 def check(status):

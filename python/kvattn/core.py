@@ -8,7 +8,7 @@ import sys
 
 from . import _arrays as A
 from ._lib import (AttnParams, Batch, ContextConfig, GraphConfig, PagedBatch, PlanConfig,
-                   PlanInfo, PoolConfig, api, check)
+                   PlanInfo, PoolConfig, alive, api, check)
 
 LAYOUT_MHA, LAYOUT_MLA = 0, 1
 MLA_HEAD_DIM, MLA_V_DIM = 576, 512
@@ -70,7 +70,7 @@ class Context:
         check(api.kva_synchronize(self.handle))
 
     def __del__(self):
-        if getattr(self, "handle", None):
+        if alive and getattr(self, "handle", None):
             api.kva_context_destroy(self.handle)
             self.handle = None
 
@@ -201,7 +201,7 @@ class Pool:
         return (k[:, 0, :] if self.is_mla else k), v
 
     def __del__(self):
-        if getattr(self, "handle", None):
+        if alive and getattr(self, "handle", None):
             api.kva_pool_destroy(self.handle)
             self.handle = None
 
@@ -252,7 +252,7 @@ class ReqTable:
         return api.kva_req_num_live(self.handle)
 
     def __del__(self):
-        if getattr(self, "handle", None):
+        if alive and getattr(self, "handle", None):
             api.kva_req_table_destroy(self.handle)
             self.handle = None
 
@@ -406,7 +406,7 @@ class Plan:
         self.pool.ctx.use_current_stream()
 
     def __del__(self):
-        if getattr(self, "handle", None) and self.owned:
+        if alive and getattr(self, "handle", None) and self.owned:
             api.kva_plan_destroy(self.handle)
         self.handle = None
 
@@ -423,9 +423,15 @@ class GraphState:
         h = ctypes.c_void_p()
         check(api.kva_graph_state_create(table.handle, ctypes.byref(self.config), ctypes.byref(h)))
         self.handle = h
-        self.plan = Plan(table, max_batch=max_batch, max_q_tokens=max_batch * max_q_per_req,
-                         num_qo_heads=num_qo_heads, _handle=api.kva_graph_state_plan(h))
-        self.plan._graph = self  # the plan must not outlive its graph state
+        self._plan_args = dict(max_batch=max_batch, max_q_tokens=max_batch * max_q_per_req,
+                               num_qo_heads=num_qo_heads)
+
+    @property
+    def plan(self):
+        """The graph state's plan (a view that keeps this graph state alive)."""
+        p = Plan(self.table, _handle=api.kva_graph_state_plan(self.handle), **self._plan_args)
+        p._graph = self
+        return p
 
     @property
     def buckets(self):
@@ -457,6 +463,6 @@ class GraphState:
         check(api.kva_graph_replay(self.handle, bucket))
 
     def __del__(self):
-        if getattr(self, "handle", None):
+        if alive and getattr(self, "handle", None):
             api.kva_graph_state_destroy(self.handle)
             self.handle = None

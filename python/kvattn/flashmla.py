@@ -44,7 +44,6 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads
         pool = _meta_pools[dev] = Pool(Context.get(dev), num_layers=1, num_pages=1,
                                        page_size=_META_PAGE, num_kv_heads=1, head_dim=MLA_HEAD_DIM,
                                        kv_dtype="bf16", layout=LAYOUT_MLA)
-        pool._plans = {}
     stride = int((seq.max() + _META_PAGE - 1) // _META_PAGE)
     plan = _cache.paged_plan(pool, num_qo_heads=1, batch=len(seq), q_tokens=len(seq),
                              pages_per_req=stride)
