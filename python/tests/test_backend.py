@@ -195,3 +195,29 @@ def test_dlpack_producer_on_cpu():
     a = kvattn.flash_attn_with_kvcache(DL(q), DL(kc), DL(kc), cache_seqlens=20, page_table=pt)
     b = kvattn.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=20, page_table=pt)
     np.testing.assert_array_equal(a, b)
+
+
+def test_external_pool_and_paged_plan():
+    """Pool.external over caller arrays + Plan.paged: stores land in the caller's array."""
+    rng = np.random.default_rng(8)
+    k_layers = [randn(rng, (6, 4, 2, 16), np.float16) for _ in range(2)]
+    v_layers = [randn(rng, (6, 4, 2, 16), np.float16) for _ in range(2)]
+    pool = kvattn.Pool.external(k_layers, v_layers)
+    assert (pool.num_layers, pool.num_pages, pool.page_size) == (2, 6, 4)
+    plan = kvattn.Plan.paged(pool, max_batch=2, max_q_tokens=8, num_qo_heads=4, max_pages_per_req=3)
+    plan.update_paged([2, 1], [6, 9], [[5, 2, 0], [1, 3, 4]])
+    k, v = randn(rng, (3, 2, 16)), randn(rng, (3, 2, 16))
+    plan.store_kv(1, k, v)
+    # request 0 positions 4, 5 -> page 2 offsets 0, 1; request 1 position 8 -> page 4 offset 0
+    np.testing.assert_array_equal(k_layers[1][2, :2], k[:2].astype(np.float16))
+    np.testing.assert_array_equal(v_layers[1][4, 0], v[2].astype(np.float16))
+    q = randn(rng, (3, 4, 16))
+    o = plan.attention(1, q)
+    kk = np.concatenate([k_layers[1][p] for p in (5, 2)])[:6]
+    vv = np.concatenate([v_layers[1][p] for p in (5, 2)])[:6]
+    ro, _ = attention(q[:2], kk, vv, causal=True)
+    assert rel_err(o[:2], ro) < tol(np.float32)
+    with pytest.raises(kvattn.KvattnError, match="KVA_ERR_STATE"):
+        plan.update([0], [0], [1])  # a paged plan refuses request-table batches
+    with pytest.raises(ValueError, match="contiguous"):
+        kvattn.Pool.external([k_layers[0][:, ::2]], [v_layers[0][:, ::2]])
