@@ -140,8 +140,6 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
         if len(kn_lens) != batch or np.any(kn_lens != q_lens):
             raise ValueError("kvattn stores as many new K/V tokens per request as it has query "
                              f"tokens: k/v lengths {kn_lens.tolist()} vs q lengths {q_lens.tolist()}")
-        if int(kn_lens.sum()) and (nk.ndim == 4 and nk.shape[1] != (q_lens.max() if batch else 0)):
-            raise ValueError("k: padded seqlen_new differs from seqlen_q")
         new_k, new_v = nk, nv
         total_k = seqlens + q_lens
     else:

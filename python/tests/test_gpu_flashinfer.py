@@ -21,7 +21,7 @@ def _ragged(kv_lens, ps, num_pages, g):
 
 
 def _kv(cache, indptr, indices, r, n):
-    return cache[indices[indptr[r]:indptr[r + 1]].long()].flatten(0, 1)[:n]
+    return cache.float()[indices[indptr[r]:indptr[r + 1]].long()].flatten(0, 1)[:n]
 
 
 @pytest.mark.parametrize("interleaved", [False, True])

@@ -35,7 +35,7 @@ def test_flash_mla(sq, causal, kvdt):
     assert not out.isnan().any() and lse.shape == (b, hq, sq)
     for r in range(b):
         n = int(seq[r])
-        lat = kc[bt[r].long()].flatten(0, 1)[:n].float() * (scale or 1.0)
+        lat = kc.float()[bt[r].long()].flatten(0, 1)[:n] * (scale or 1.0)
         ro, rl = attention(q[r], lat, lat[..., :512], causal=causal, sm_scale=576 ** -0.5)
         assert rel_err(out[r], ro) < 1e-2
         assert (lse[r].double() - rl.T).abs().max() < 1e-3

@@ -24,8 +24,8 @@ def test_fa3_torch_cpu(kvdt):
     assert out.dtype == torch.bfloat16 and isinstance(out, torch.Tensor)
     for b in range(2):
         n = int(seq[b])
-        kk = kc[pt[b].long()].flatten(0, 1)[:n].float().numpy() * (scale or 1.0)
-        vv = vc[pt[b].long()].flatten(0, 1)[:n].float().numpy() * (scale or 1.0)
+        kk = kc.float()[pt[b].long()].flatten(0, 1)[:n].numpy() * (scale or 1.0)
+        vv = vc.float()[pt[b].long()].flatten(0, 1)[:n].numpy() * (scale or 1.0)
         ro, _ = attention(q[b].float().numpy(), kk, vv, causal=True)
         assert rel_err(out[b].float().numpy(), ro) < 1e-2
     assert not np.isnan(out.float().numpy()).any()
