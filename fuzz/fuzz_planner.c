@@ -7,7 +7,10 @@
  *     num_cached + num_new <= request length, total_q <= max_q_tokens);
  *   - after a success every array of kva_plan_info agrees with the request
  *     table, and the split schedule covers every decode key exactly once;
- *   - after a failure the previous plan is unchanged. */
+ *   - after a failure the previous plan is unchanged;
+ *   - the same batch given by its page table to a kva_plan_create_paged plan
+ *     gives identical metadata, and a page table with a page id outside the
+ *     pool or too narrow a stride is refused with that plan unchanged. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -182,6 +185,57 @@ static void check_unchanged(const kva_plan *plan, const snap *before) {
   free(now.buf);
 }
 
+/* The request plan's batch through the paged plan, sometimes broken. */
+static void paged_round(kva_plan *paged, const kva_plan *plan, bytes *b, int num_pages) {
+  kva_plan_info in;
+  CHECK(kva_plan_get_info(plan, &in) == KVA_OK, "get_info");
+  int n = in.num_requests, need = in.page_table_stride;
+  int stride = need + (int)take(b, 3);
+  if (stride > paged->max_pages_per_req) stride = paged->max_pages_per_req;
+  int32_t *pt = (int32_t *)malloc((size_t)n * (size_t)stride * sizeof(int32_t));
+  int32_t *nn = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+  CHECK(pt && nn, "oom");
+  for (int r = 0; r < n; r++) {
+    nn[r] = in.cu_seqlens_q[r + 1] - in.cu_seqlens_q[r];
+    for (int j = 0; j < stride; j++) /* entries past a request's pages are never read */
+      pt[r * stride + j] = j < need ? in.page_table[r * need + j] : -7 - (int)take(b, 100);
+  }
+  kva_paged_batch pb = {n, nn, in.cache_seqlens, pt, stride};
+  unsigned mode = take(b, 4);
+  int expect_ok = 1;
+  if (mode == 1) { /* a page id outside the pool, on a page the batch reads */
+    int r = (int)take(b, (unsigned)n);
+    int pages = (in.cache_seqlens[r] + paged->pool->cfg.page_size - 1) /
+                paged->pool->cfg.page_size;
+    int j = (int)take(b, (unsigned)pages);
+    pt[r * stride + j] = take(b, 2) ? num_pages + (int)take(b, 5) : -1 - (int)take(b, 5);
+    expect_ok = 0;
+  } else if (mode == 2) { /* narrower than the longest request */
+    pb.page_table_stride = need - 1;
+    expect_ok = 0;
+  }
+  snap before;
+  take_snap(paged, &before);
+  kva_status st = kva_plan_update_paged(paged, &pb);
+  CHECK((st == KVA_OK) == expect_ok, "plan_update_paged -> %d in mode %u", st, mode);
+  if (st == KVA_OK) {
+    snap a, c;
+    take_snap(plan, &a);
+    take_snap(paged, &c);
+    CHECK(a.len == c.len && memcmp(a.buf, c.buf, a.len * sizeof(int32_t)) == 0 &&
+              a.info.total_k == c.info.total_k && a.info.num_decode == c.info.num_decode &&
+              a.info.num_splits_total == c.info.num_splits_total,
+          "paged plan metadata differs from the request plan's");
+    free(a.buf);
+    free(c.buf);
+  } else {
+    check_unchanged(paged, &before);
+  }
+  free(before.buf);
+  free(pt);
+  free(nn);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   bytes b = {data, size};
   kva_pool_config pc;
@@ -219,6 +273,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     goto done;
   }
 
+  kva_plan *paged = NULL;
+  CHECK(kva_plan_create_paged(pool, &cfg, (max_ctx + ps - 1) / ps, &paged) == KVA_OK, "paged");
   int32_t slots[MAX_BATCH + 1], cached[MAX_BATCH + 1], nnew[MAX_BATCH + 1];
   while (b.n) {
     unsigned op = take(&b, 6);
@@ -269,15 +325,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       st = kva_plan_update(plan, &batch);
       CHECK((st == KVA_OK) == (valid != 0), "plan_update -> %d for a %s batch", st,
             valid ? "valid" : "invalid");
-      if (st == KVA_OK)
+      if (st == KVA_OK) {
         check_plan(plan, t, &batch, ps);
-      else
+        paged_round(paged, plan, &b, pc.num_pages);
+      } else
         check_unchanged(plan, &before);
       free(before.buf);
     }
     CHECK(kva_pool_check(pool) == KVA_OK, "kva_pool_check after op %u", op);
   }
   kva_plan_destroy(plan);
+  kva_plan_destroy(paged);
 done:
   kva_req_table_destroy(t);
   CHECK(kva_pool_num_free_pages(pool) == pc.num_pages, "pages leaked");

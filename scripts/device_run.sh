@@ -47,7 +47,7 @@ if has sanitize; then
 fi
 
 if has test; then
-  for t in "$BIN"/test_cuda_* "$BIN"/test_graph; do
+  for t in "$BIN"/test_cuda_* "$BIN"/test_graph "$BIN"/test_paged_plan "$BIN"/test_mla; do
     [ -x "$t" ] || continue
     timeout 300 "$t" >"$OUT/$(basename "$t").log" 2>&1
     rc=$?

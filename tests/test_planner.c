@@ -731,7 +731,7 @@ static void test_errors(void) {
   kva_plan_destroy(NULL);
   kva_pool_destroy(other);
 
-  /* MLA pool: store needs v == NULL, attention unsupported */
+  /* MLA pool: store needs v == NULL; no sliding window (tests/test_mla.c has the rest) */
   {
     kva_pool_config mc;
     memset(&mc, 0, sizeof(mc));
@@ -759,7 +759,9 @@ static void test_errors(void) {
     float *mq = (float *)calloc(16 * KVA_MLA_HEAD_DIM, sizeof(float));
     float *mo = (float *)calloc(16 * KVA_MLA_V_DIM, sizeof(float));
     EXPECT_ERR(kva_store_kv(mpl, mp, 0, lat, lat, KVA_F32), KVA_ERR_INVALID_ARGUMENT);
-    EXPECT_ERR(kva_attention(mpl, mp, 0, &ap, mq, mo, NULL, KVA_F32), KVA_ERR_UNSUPPORTED);
+    kva_attn_params wp = ap;
+    wp.window_left = 4; /* MLA has no sliding window */
+    EXPECT_ERR(kva_attention(mpl, mp, 0, &wp, mq, mo, NULL, KVA_F32), KVA_ERR_UNSUPPORTED);
     free(lat);
     free(mq);
     free(mo);

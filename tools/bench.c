@@ -9,14 +9,9 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli_common.h"
+#include "bench_common.h"
 #include "gpu_timer.h"
 
-typedef struct {
-  kva_device dev;
-  int prefill, mixed, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers, workers, split_block;
-  kva_dtype dtype, kv_dtype;
-} bench_opts;
 
 /* ---- CPU copy ceiling ---------------------------------------------------- */
 typedef struct {
@@ -80,19 +75,92 @@ static int cmp_double(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Random KV: a 16 MiB random block tiled over every buffer of every layer. */
+int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng) {
+  const kva_pool_config *pc = kva_pool_get_config(pool);
+  size_t esz = kva_dtype_size(pc->kv_dtype), blk = (size_t)16 << 20;
+  void *host = malloc(blk);
+  if (!host) return 1;
+  cli_fill_random(rng, host, blk / esz, pc->kv_dtype, 1.0f);
+  size_t layer_bytes = (size_t)pc->num_pages * pc->page_size * pc->num_kv_heads * pc->head_dim * esz;
+  for (int l = 0; l < pc->num_layers; l++) {
+    void *kb, *vb;
+    CLI_TRY(kva_pool_get_buffers(pool, l, &kb, &vb));
+    for (size_t off = 0; off < layer_bytes; off += blk) {
+      size_t n = layer_bytes - off < blk ? layer_bytes - off : blk;
+      CLI_TRY(kva_copy_to_device(ctx, (char *)kb + off, host, n));
+      if (vb) CLI_TRY(kva_copy_to_device(ctx, (char *)vb + off, host, n));
+    }
+  }
+  free(host);
+  return 0;
+}
+
+/* Median time of o->iters runs of kva_attention (CUDA: launches back to back
+ * on a different layer each; see usage). */
+int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
+                         int layers, const kva_attn_params *ap_in, const void *q, void *out,
+                         bench_timing *res) {
+  kva_attn_params ap = *ap_in;
+  int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
+  double *times = (double *)malloc((size_t)iters * sizeof(double));
+  if (!times) return 1;
+  for (int w = 0; w < (o->dev == KVA_DEVICE_CUDA ? 3 : 1); w++)
+    CLI_TRY(kva_attention(plan, pool, w % layers, &ap, q, out, NULL, o->dtype));
+  CLI_TRY(kva_synchronize(ctx));
+  /* CUDA: each sample is `reps` launches back to back (a different layer
+   * each), as in a forward pass or a graph replay, so a short kernel's time
+   * is not the host's launch latency; the single-launch event time is
+   * reported too (single_ms). */
+  double t_single = 0;
+  int reps = 1;
+  for (int pass = 0; pass < (o->dev == KVA_DEVICE_CUDA ? 2 : 1); pass++) {
+    for (int it = 0; it < iters; it++) {
+      if (o->dev == KVA_DEVICE_CUDA) {
+        double ms = -1;
+        if (cli_gpu_time_begin(ctx) != 0) return 1;
+        for (int r = 0; r < reps; r++)
+          CLI_TRY(kva_attention(plan, pool, (it * reps + r) % layers, &ap, q, out, NULL, o->dtype));
+        if (cli_gpu_time_end(ctx, &ms) != 0) return 1;
+        times[it] = ms * 1e-3 / reps;
+      } else {
+        double t0 = cli_now();
+        CLI_TRY(kva_attention(plan, pool, it % layers, &ap, q, out, NULL, o->dtype));
+        times[it] = cli_now() - t0;
+      }
+    }
+    qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    if (pass == 0 && o->dev == KVA_DEVICE_CUDA) {
+      t_single = times[iters / 2];
+      /* about 1 ms of launches per sample, at most 50 */
+      reps = (int)ceil(1e-3 / (t_single > 1e-7 ? t_single : 1e-7));
+      reps = reps < 1 ? 1 : reps > 50 ? 50 : reps;
+    }
+  }
+  res->t = times[iters / 2];
+  res->t_single = o->dev == KVA_DEVICE_CUDA ? t_single : res->t;
+  res->iters = iters;
+  res->reps = reps;
+  free(times);
+  return 0;
+}
+
+int bench_draw_len(const bench_opts *o, int L, int lo, cli_rng *rng) {
+  if (!o->varlen) return L < lo ? lo : L;
+  double x = L + cli_normal(rng) * L / 2.0;
+  return x < lo ? lo : (int)x;
+}
+
 /* One configuration; prints a line or a JSON object. */
 static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, double ceiling,
                       cli_rng *rng) {
+  if (o->mla) return bench_run_mla(ctx, o, B, L, ceiling, rng);
   int32_t *cached = (int32_t *)malloc((size_t)B * 4), *nnew = (int32_t *)malloc((size_t)B * 4);
   int32_t *slots = (int32_t *)malloc((size_t)B * 4);
   long long kv_tokens = 0, pairs = 0, total_q = 0, pages_total = 0;
   int max_len = 0;
   for (int i = 0; i < B; i++) {
-    int len = L;
-    if (o->varlen) {
-      double x = L + cli_normal(rng) * L / 2.0;
-      len = x < 1 ? 1 : (int)x;
-    }
+    int len = bench_draw_len(o, L, 1, rng);
     if (o->mixed) { /* prefix uniform in [0, --prefix], new tokens in [1, L] */
       cached[i] = kva_rng_int(rng, 0, o->prefix);
       nnew[i] = kva_rng_int(rng, 1, L);
@@ -134,21 +202,7 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
     slots[i] = s;
     CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
   }
-  /* random KV: a 16 MiB random block tiled over every buffer */
-  size_t blk = (size_t)16 << 20;
-  void *host = malloc(blk);
-  kva_dtype fill_t = o->kv_dtype == KVA_FP8_E4M3 ? KVA_FP8_E4M3 : o->kv_dtype;
-  cli_fill_random(rng, host, blk / esz, fill_t, 1.0f);
-  size_t layer_bytes = (size_t)pc.num_pages * o->page * o->hkv * o->d * esz;
-  for (int l = 0; l < layers; l++) {
-    void *kb, *vb;
-    CLI_TRY(kva_pool_get_buffers(pool, l, &kb, &vb));
-    for (size_t off = 0; off < layer_bytes; off += blk) {
-      size_t n = layer_bytes - off < blk ? layer_bytes - off : blk;
-      CLI_TRY(kva_copy_to_device(ctx, (char *)kb + off, host, n));
-      CLI_TRY(kva_copy_to_device(ctx, (char *)vb + off, host, n));
-    }
-  }
+  if (bench_fill_pool(ctx, pool, rng) != 0) return 1;
   kva_plan_config plc = {B, (int)total_q, o->hq, o->workers, o->split_block};
   CLI_TRY(kva_plan_create(table, &plc, &plan));
   kva_batch batch = {B, slots, cached, nnew};
@@ -163,42 +217,10 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
   kva_attn_params ap = kva_attn_params_default();
   ap.causal = o->causal;
 
-  int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
-  double *times = (double *)malloc((size_t)iters * sizeof(double));
-  for (int w = 0; w < (o->dev == KVA_DEVICE_CUDA ? 3 : 1); w++)
-    CLI_TRY(kva_attention(plan, pool, w % layers, &ap, q, out, NULL, o->dtype));
-  CLI_TRY(kva_synchronize(ctx));
-  /* CUDA: each sample is `reps` launches back to back (a different layer
-   * each), as in a forward pass or a graph replay, so a short kernel's time
-   * is not the host's launch latency; the single-launch event time is
-   * reported too (single_ms). */
-  double t_single = 0;
-  int reps = 1;
-  for (int pass = 0; pass < (o->dev == KVA_DEVICE_CUDA ? 2 : 1); pass++) {
-    for (int it = 0; it < iters; it++) {
-      if (o->dev == KVA_DEVICE_CUDA) {
-        double ms = -1;
-        if (cli_gpu_time_begin(ctx) != 0) return 1;
-        for (int r = 0; r < reps; r++)
-          CLI_TRY(kva_attention(plan, pool, (it * reps + r) % layers, &ap, q, out, NULL, o->dtype));
-        if (cli_gpu_time_end(ctx, &ms) != 0) return 1;
-        times[it] = ms * 1e-3 / reps;
-      } else {
-        double t0 = cli_now();
-        CLI_TRY(kva_attention(plan, pool, it % layers, &ap, q, out, NULL, o->dtype));
-        times[it] = cli_now() - t0;
-      }
-    }
-    qsort(times, (size_t)iters, sizeof(double), cmp_double);
-    if (pass == 0 && o->dev == KVA_DEVICE_CUDA) {
-      t_single = times[iters / 2];
-      /* about 1 ms of launches per sample, at most 50 */
-      reps = (int)ceil(1e-3 / (t_single > 1e-7 ? t_single : 1e-7));
-      reps = reps < 1 ? 1 : reps > 50 ? 50 : reps;
-    }
-  }
-  double t = times[iters / 2];
-  if (o->dev != KVA_DEVICE_CUDA) t_single = t;
+  bench_timing tm;
+  if (bench_time_attention(ctx, o, plan, pool, layers, &ap, q, out, &tm) != 0) return 1;
+  double t = tm.t, t_single = tm.t_single;
+  int iters = tm.iters, reps = tm.reps;
   double kv_bytes = (double)kv_tokens * o->hkv * o->d * esz * 2 + (double)pages_total * 4;
   double gbps = kv_bytes / t / 1e9, tflops = 4.0 * o->hq * o->d * (double)pairs / t / 1e12;
   char heads[32];
@@ -221,9 +243,7 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
            gbps / ceiling);
   }
   fflush(stdout);
-  free(times);
   free(hq);
-  free(host);
   kva_free(ctx, q);
   kva_free(ctx, out);
   kva_plan_destroy(plan);
@@ -237,16 +257,22 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill|mixed] [--batch B[,B..]]\n"
+          "usage: kvattn bench [--device cpu|cuda] [--mode decode|prefill|mixed|mla] [--batch B[,B..]]\n"
           "                    [--ctx L[,L..]] [--heads HQ:HKV] [--head-dim D] [--page P]\n"
           "                    [--dtype bf16|f16] [--kv-dtype bf16|f16|fp8] [--varlen]\n"
           "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N]\n"
-          "                    [--layers N] [--workers N] [--split-block N] [--json]\n"
+          "                    [--layers N] [--workers N] [--split-block N] [--sq N] [--json]\n"
           "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens\n"
           "after --prefix cached ones; mixed: B requests of U[0, --prefix] cached and U[1, L]\n"
           "new tokens (requests of <= 8 new tokens run as decode). --varlen draws lengths from\n"
           "N(L, L/2) clipped at 1. Lengths use a fixed seed. Comma lists in --batch/--ctx run\n"
           "every combination (progress on stderr).\n"
+          "mla: FlashMLA's decode: B requests of --sq (1..8, default 1) new tokens and L keys in\n"
+          "all (cache_seqlens; --varlen: N(L, L/2) clipped at sq), latent cache of 576 dims\n"
+          "(V = first 512), --heads HQ:1, page 64 unless --page; reports GB/s of latent read\n"
+          "(+ page table) with the ratio to the copy ceiling, and TFLOP/s counted as FlashMLA\n"
+          "does: 2 * (576 + 512) * hq * sq per key of cache_seqlens (tflops_exact in --json\n"
+          "counts only the causally visible keys). --head-dim is ignored.\n"
           "Reports the median time of --iters runs (default 5 CPU, 30 CUDA). CUDA: event timing\n"
           "of back-to-back launches (~1 ms per sample, the single-launch time as single_ms),\n"
           "GB/s of K+V read in the storage dtype + page table, TFLOP/s (4*hq*d per visible\n"
@@ -258,14 +284,15 @@ static void usage(FILE *f) {
 }
 
 int cli_bench(int argc, char **argv) {
-  bench_opts o = {KVA_DEVICE_CPU, 0, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16};
+  bench_opts o = {KVA_DEVICE_CPU, 0, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16, 0, 1};
+  int page_given = 0;
   int batches[32] = {16}, ctxs[32] = {4096}, nb = 1, nc = 1;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     static const char *valued[] = {"--device", "--mode", "--batch", "--ctx", "--heads",
                                    "--head-dim", "--page", "--dtype", "--kv-dtype", "--causal",
                                    "--prefix", "--iters", "--threads", "--layers",
-                                   "--workers", "--split-block"};
+                                   "--workers", "--split-block", "--sq"};
     int known = 0;
     for (size_t j = 0; j < sizeof(valued) / sizeof(valued[0]); j++) known |= !strcmp(a, valued[j]);
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -285,8 +312,9 @@ int cli_bench(int argc, char **argv) {
       if (!cli_parse_device(v, &o.dev)) goto bad;
       i++;
     } else if (!strcmp(a, "--mode")) {
-      o.mixed = 0;
+      o.mixed = o.mla = 0;
       if (!strcmp(v, "decode")) o.prefill = 0;
+      else if (!strcmp(v, "mla")) o.prefill = 0, o.mla = 1;
       else if (!strcmp(v, "prefill")) o.prefill = 1;
       else if (!strcmp(v, "mixed")) o.prefill = o.mixed = 1;
       else goto bad;
@@ -305,6 +333,7 @@ int cli_bench(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--page")) {
       if (!parse_int(v, 1, 1 << 20, &o.page)) goto bad;
+      page_given = 1;
       i++;
     } else if (!strcmp(a, "--dtype")) {
       if (!cli_parse_dtype(v, &o.dtype) || o.dtype == KVA_FP8_E4M3) goto bad;
@@ -314,6 +343,9 @@ int cli_bench(int argc, char **argv) {
       i++;
     } else if (!strcmp(a, "--causal")) {
       if (!parse_int(v, 0, 1, &o.causal)) goto bad;
+      i++;
+    } else if (!strcmp(a, "--sq")) {
+      if (!parse_int(v, 1, KVA_MAX_DECODE_Q, &o.sq)) goto bad;
       i++;
     } else if (!strcmp(a, "--prefix")) {
       if (!parse_int(v, 0, 1 << 30, &o.prefix)) goto bad;
@@ -339,6 +371,7 @@ int cli_bench(int argc, char **argv) {
     fprintf(stderr, "kvattn bench: bad value '%s' for %s\n", v, a);
     return 2;
   }
+  if (o.mla && !page_given) o.page = 64; /* FlashMLA's page size */
   kva_context_config cc = {o.dev, o.threads, 0};
   kva_context *ctx;
   kva_status st = kva_context_create(&cc, &ctx);

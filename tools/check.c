@@ -10,27 +10,16 @@
  *   - O against the reference on the pool's stored values (dtype tolerance),
  *   - LSE against the reference (absolute),
  *   - fp8: O against the reference on the unquantized K/V,
- *   - no page leaks once every request is released. */
+ *   - no page leaks once every request is released.
+ * One case in six is an MLA decode case instead (check_mla.c). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli_common.h"
+#include "check_common.h"
 #include "core/dtype.h"
 #include "ref/reference.h"
-
-/* Tolerances (see README): O rel error vs the stored-KV reference by Q/O
- * dtype; LSE abs error (an f32 output whatever the Q/O dtype); fp8 end to end
- * for logits up to twice the default scale 1/sqrt(d). e4m3's rounding of K
- * moves each logit in proportion to the logit scale, so for sharper logits
- * the fp8 bound grows with sm_scale * sqrt(d) / 2 (measured: worst 0.038 at
- * the default scale, 0.053 at 2.5-3.6x over 1000 fp8 cases). */
-#define TOL_O_F32 1e-5
-#define TOL_O_16 1e-2
-#define TOL_LSE_F32 1e-5
-#define TOL_LSE_16 1e-4
-#define TOL_FP8_E2E 5e-2
 
 #define NLAYERS 2
 
@@ -107,9 +96,7 @@ static check_case draw_case(cli_rng *r, int small) {
   return c;
 }
 
-/* Half a step of dtype's grid at |x| (scaled for fp8): the most a correctly
- * rounded store may move x. Saturated fp8 values may move to +-448 * scale. */
-static double allowed_store_error(float x, kva_dtype t, float scale) {
+double check_allowed_store_error(float x, kva_dtype t, float scale) {
   double a = fabs((double)x), step;
   int e;
   switch (t) {
@@ -180,10 +167,6 @@ typedef struct {
   int slot, prefix, nnew;
   float *k_orig, *v_orig; /* [prefix + nnew, hkv, d] values as sent to kva_store_kv */
 } req_state;
-
-typedef struct {
-  double o, lse, fp8, store; /* worst errors seen (store: in units of the allowed error) */
-} worst_errors;
 
 /* One case; returns 0 pass, 1 fail (message printed). */
 static int run_case(kva_context *ctx, const check_case *c, cli_rng *r, int small, int verbose,
@@ -340,8 +323,8 @@ static int run_case(kva_context *ctx, const check_case *c, cli_rng *r, int small
     for (size_t x = 0; x < (size_t)len * kv_te; x++) {
       double ek = fabs((double)kd[i][x] - rq[i].k_orig[x]);
       double ev = fabs((double)vd[i][x] - rq[i].v_orig[x]);
-      double ak = allowed_store_error(rq[i].k_orig[x], c->kv_dtype, c->k_scale);
-      double av = allowed_store_error(rq[i].v_orig[x], c->kv_dtype, c->v_scale);
+      double ak = check_allowed_store_error(rq[i].k_orig[x], c->kv_dtype, c->k_scale);
+      double av = check_allowed_store_error(rq[i].v_orig[x], c->kv_dtype, c->v_scale);
       double rk = ek <= ak ? (ak > 0 ? ek / ak : 0) : (ak > 0 ? ek / ak : INFINITY);
       double rv = ev <= av ? (av > 0 ? ev / av : 0) : (av > 0 ? ev / av : INFINITY);
       if (!(rk <= 1.0) || !(rv <= 1.0)) {
@@ -439,6 +422,9 @@ static void usage(FILE *f) {
           "(64/128/256 and other multiples of 8), cached prefixes, forks of a shared prefix,\n"
           "sliding window, soft-cap, f16/bf16/fp8 KV (fp8 with per-layer scales), f32/f16/bf16\n"
           "Q/O, LSE, decode (q_len 1..8), extend and mixed batches, split-KV worker counts.\n"
+          "One case in six is MLA decode (latent 576, V = first 512, one KV head): h_q 1..128,\n"
+          "s_q 1..8 (mostly 1-2), varlen lengths, page sizes 1..256, causal on/off, f16/bf16/fp8\n"
+          "latents, checked against the MLA reference with the same tolerances.\n"
           "Outputs are NaN-poisoned before each run. Tolerances: O rel error < %.0e (f32 Q/O),\n"
           "< %.0e (f16/bf16) vs the reference on the stored KV; LSE abs error < %.0e (f32),\n"
           "< %.0e (f16/bf16); fp8 vs unquantized KV < %.0e (x sm_scale*sqrt(d)/2 when that\n"
@@ -516,9 +502,15 @@ int cli_check(int argc, char **argv) {
   worst_errors worst = {0, 0, 0, 0};
   double t0 = cli_now();
   for (int i = 0; i < cases; i++) {
-    check_case c = draw_case(&r, small);
-    if (run_case(ctx, &c, &r, small, verbose, &worst) == 0) passed++;
-    else failed++;
+    int fail;
+    if (cli_int(&r, 0, 5) == 0) { /* one case in six is MLA decode */
+      fail = check_mla_case(ctx, &r, small, verbose, &worst);
+    } else {
+      check_case c = draw_case(&r, small);
+      fail = run_case(ctx, &c, &r, small, verbose, &worst);
+    }
+    if (fail) failed++;
+    else passed++;
     fflush(stdout);
   }
   printf("device %s, seed %llu, %.1f s; worst O rel error %.3g, LSE abs error %.3g, fp8 "

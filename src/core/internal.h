@@ -151,6 +151,10 @@ struct kva_backend {
   /* Split-KV workers for a plan when its config says 0 (CPU: threads;
    * CUDA: enough CTAs over the kv heads to fill every SM). */
   int (*default_workers)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads);
+  /* KV tokens per split-schedule block when the plan config says 0 (NULL:
+   * ctx->default_split_block). A block that is a whole number of the
+   * kernel's key tiles keeps chunk edges off partial tiles. */
+  int (*default_split_block)(const kva_context *ctx, const kva_pool *pool);
 
   /* Plan hooks: create backend-side buffers; publish a freshly planned batch
    * (CUDA: async upload on the stream); free. */

@@ -105,7 +105,9 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
                                   : ctx->num_workers;
   if (workers < 1) workers = 1;
   if (workers > KVA_PLAN_MAX_WORKERS) workers = KVA_PLAN_MAX_WORKERS;
-  int block = config->split_block ? config->split_block : ctx->default_split_block;
+  int block = config->split_block ? config->split_block
+              : be->default_split_block ? be->default_split_block(ctx, pool)
+                                        : ctx->default_split_block;
   if (block < 1) block = 64;
 
   /* Partial rows: decode q tokens of split requests plus one extra chunk per

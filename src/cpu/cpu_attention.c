@@ -106,6 +106,10 @@ kva_status kva_cpu_plan_init(kva_plan *plan) {
   cp->d = pool->cfg.head_dim;
   cp->num_threads = kva_threadpool_size(kva_cpu_state_of(plan->ctx)->pool);
   cp->thread_bytes = rowset_layout(NULL, NULL, cp->max_rows, cp->d);
+  if (pool->cfg.layout == KVA_LAYOUT_MLA) { /* decode only: every q head of <= 8 tokens */
+    cp->max_rows = dq * hq;
+    cp->thread_bytes = kva_cpu_mla_scratch_bytes(cp->max_rows);
+  }
   cp->scratch = (unsigned char *)aligned_alloc(64, cp->thread_bytes * (size_t)cp->num_threads);
   cp->ext_task_start = (int32_t *)calloc((size_t)plan->cfg.max_batch + 1, sizeof(int32_t));
   if (!cp->scratch || !cp->ext_task_start) {
@@ -378,13 +382,13 @@ static void extend_task(void *arg, int idx, int thread) {
 kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
                              const kva_attn_params *params, const void *q, void *o, float *lse,
                              kva_dtype dtype) {
-  if (pool->cfg.layout == KVA_LAYOUT_MLA)
-    return kva_set_error(KVA_ERR_UNSUPPORTED, "kva_attention: MLA on the CPU backend is not "
-                         "built yet");
   kva_cpu_state *st = kva_cpu_state_of(plan->ctx);
   const cpu_plan *cp = (const cpu_plan *)plan->backend_plan;
   if (!cp || cp->num_threads < kva_threadpool_size(st->pool))
     return kva_set_error(KVA_ERR_INTERNAL, "kva_attention: CPU plan scratch missing");
+  if (pool->cfg.layout == KVA_LAYOUT_MLA)
+    return kva_cpu_mla_attention(plan, pool, layer, params, q, o, lse, dtype, cp->scratch,
+                                 cp->thread_bytes);
   job jb;
   memset(&jb, 0, sizeof(jb));
   jb.plan = plan;

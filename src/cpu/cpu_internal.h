@@ -33,6 +33,14 @@ kva_status kva_cpu_copy_slots(kva_pool *pool, int count, const int32_t *src, con
 kva_status kva_cpu_attention(kva_plan *plan, const kva_pool *pool, int layer,
                              const kva_attn_params *params, const void *q, void *o, float *lse,
                              kva_dtype dtype);
+/* MLA decode (cpu_mla.c), called by kva_cpu_attention for MLA pools with
+ * the plan's scratch: thread_bytes per thread, at least
+ * kva_cpu_mla_scratch_bytes(min(max_q_tokens, 8) * num_qo_heads). */
+size_t kva_cpu_mla_scratch_bytes(int max_rows);
+kva_status kva_cpu_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                 const kva_attn_params *params, const void *q, void *o,
+                                 float *lse, kva_dtype dtype, unsigned char *scratch,
+                                 size_t thread_bytes);
 kva_status kva_cpu_merge_states(kva_context *ctx, int num_tokens, int num_heads, int head_dim,
                                 kva_dtype dtype, const void *v_a, const float *s_a,
                                 const void *v_b, const float *s_b, void *v_out, float *s_out);

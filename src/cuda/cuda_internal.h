@@ -150,6 +150,13 @@ kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int l
  * default_workers fills the SMs with workers x kv heads of them. */
 int kva_cuda_decode_ctas_per_sm(int head_dim);
 
+/* MLA decode (mla.cu): the plan's decode requests over a 576-dim latent
+ * pool on the wgmma kernel, else (f32 Q/O, mixed types) the CUDA-core one. */
+kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                  const kva_attn_params *params, const void *q, void *o,
+                                  float *lse, kva_dtype dtype);
+/* Row tiles (grid.y) of the MLA kernel at these plan capacities. */
+int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);
 kva_status kva_cuda_extend_plan(kva_plan *plan);  /* called from plan_upload */

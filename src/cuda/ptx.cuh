@@ -241,6 +241,60 @@ static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_f16(float d[64], 
       : KVA_WGMMA_OUT64(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
+/* Same shape at N = 64 (32 accumulators, columns 8j + 2t + (e&1), j < 8):
+ * MLA's S = Q K^T over a 64-key tile. */
+#define KVA_WGMMA_D32                                                                           \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define KVA_WGMMA_OUT32(d)                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+static __device__ __forceinline__ void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t desc_a,
+                                                                   uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " KVA_WGMMA_D32
+      ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT32(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t desc_a,
+                                                                  uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " KVA_WGMMA_D32
+      ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT32(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+/* N = 32 (16 accumulators, j < 4): MLA's half-K partial S over 32 keys. */
+#define KVA_WGMMA_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define KVA_WGMMA_OUT16(d)                                                                        \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
+      "+f"(d[15])
+static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t desc_a,
+                                                                   uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " KVA_WGMMA_D16
+      ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT16(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t desc_a,
+                                                                  uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " KVA_WGMMA_D16
+      ", %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : KVA_WGMMA_OUT16(d)
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
 /* D += A (64x16 from registers, mma.sync A-fragment layout per warp) * B
  * (16x128, smem descriptor, MN-major: transposed). */
 static __device__ __forceinline__ void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64],

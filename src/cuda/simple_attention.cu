@@ -1,7 +1,7 @@
 /* CUDA-core attention, the correctness-first fallback: one warp per (query
  * token, q head), keys looped with an online softmax, lanes splitting the
  * head dim. Covers every feature the tensor-core kernels do not: f32 Q/O,
- * head dims any multiple of 8 up to 256, Q and KV of different 16-bit
+ * head dims any multiple of 8 up to 256 and MLA's 576/512, Q and KV of different 16-bit
  * types, GQA/MQA of any group, page sizes 1..256, f16/bf16/fp8 KV, causal
  * with prefix, sliding window, soft-cap, LSE. which = 0 runs the plan's
  * decode requests, 1 its extend requests. The grid comes from the plan's
@@ -14,7 +14,7 @@
 #include "cuda/cuda_internal.h"
 
 #define WARPS_PER_BLOCK 4
-#define MAX_LANE_ELEMS (KVA_MAX_HEAD_DIM / 32)
+#define MAX_LANE_ELEMS (KVA_MLA_HEAD_DIM / 32) /* MLA: 576 Q/K dims */
 
 typedef struct {
   const kva_plan_header *hdr;
@@ -23,7 +23,7 @@ typedef struct {
   void *o;
   float *lse;
   kva_dtype dtype, kv_dtype;
-  int hq, hkv, d, page_size;
+  int hq, hkv, d, dv, page_size; /* dv: V/O dims (MLA: 512 of the 576-dim latent) */
   float sm_scale, softcap, k_scale, v_scale;
   int causal, window_left;
   int which; /* 0: decode requests' tokens, 1: extend requests', 2: all */
@@ -72,7 +72,7 @@ simple_attention_kernel(simple_args a) {
 #pragma unroll
     for (int i = 0; i < MAX_LANE_ELEMS; i++) {
       int e = lane + 32 * i;
-      float vv = e < d ? kva_load_f32(a.v, row + e, a.kv_dtype) * (fp8 ? a.v_scale : 1.0f) : 0.0f;
+      float vv = e < a.dv ? kva_load_f32(a.v, row + e, a.kv_dtype) * (fp8 ? a.v_scale : 1.0f) : 0.0f;
       acc[i] = acc[i] * corr + p * vv;
     }
   }
@@ -80,7 +80,7 @@ simple_attention_kernel(simple_args a) {
 #pragma unroll
   for (int i = 0; i < MAX_LANE_ELEMS; i++) {
     int e = lane + 32 * i;
-    if (e < d) kva_store_f32(a.o, ((size_t)tok * a.hq + h) * d + e, a.dtype, acc[i] * inv);
+    if (e < a.dv) kva_store_f32(a.o, ((size_t)tok * a.hq + h) * a.dv + e, a.dtype, acc[i] * inv);
   }
   if (a.lse && lane == 0) a.lse[(size_t)tok * a.hq + h] = l > 0.0f ? m + logf(l) : -INFINITY;
 }
@@ -98,7 +98,8 @@ extern "C" kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *
   a.page_table = cp->d_page_table;
   a.q = q;
   a.k = pool->k[layer];
-  a.v = pool->v[layer];
+  const int mla = pool->cfg.layout == KVA_LAYOUT_MLA; /* V = the latent's first 512 dims */
+  a.v = mla ? pool->k[layer] : pool->v[layer];
   a.o = o;
   a.lse = lse;
   a.dtype = dtype;
@@ -106,11 +107,12 @@ extern "C" kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *
   a.hq = plan->cfg.num_qo_heads;
   a.hkv = pool->cfg.num_kv_heads;
   a.d = pool->cfg.head_dim;
+  a.dv = mla ? KVA_MLA_V_DIM : a.d;
   a.page_size = pool->cfg.page_size;
   a.sm_scale = params->sm_scale > 0.0f ? params->sm_scale : 1.0f / sqrtf((float)a.d);
   a.softcap = params->logit_softcap;
   a.k_scale = pool->k_scale[layer];
-  a.v_scale = pool->v_scale[layer];
+  a.v_scale = mla ? pool->k_scale[layer] : pool->v_scale[layer];
   a.causal = params->causal != 0;
   a.window_left = params->window_left < 0 ? -1 : params->window_left;
   a.which = which;

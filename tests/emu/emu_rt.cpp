@@ -182,12 +182,13 @@ static void compute(Warp &W) {
       WgQueue &q = wgq[&W - warps];
       WgOp op;
       memcpy(&op.flags, &W.in[0][72], 4);
+      const int dbytes = 2 * (128 >> ((op.flags >> 3) & 3)); /* bits 3-4: N = 128 >> n */
       op.da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
       op.db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
       for (int t = 0; t < 32; t++) {
         memcpy((void *)&op.d[t], (const void *)&W.in[t][0], sizeof op.d[t]); /* pointer bits */
         memcpy((void *)&op.a[t], (const void *)&W.in[t][2], sizeof op.a[t]);
-        memcpy(op.d0[t], op.d[t], 256);
+        memcpy(op.d0[t], op.d[t], dbytes);
         if (op.a[t]) memcpy(op.a0[t], op.a[t], 16);
         if (W.in[t][72] != W.in[0][72] || W.in[t][68] != W.in[0][68] || W.in[t][70] != W.in[0][70]) {
           fprintf(stderr, "wgmma operands differ across lanes\n");
@@ -552,14 +553,15 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
 
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
-       * bit0 bf16, bit1 A from registers, bit2 scale_d; 73 warp in group */
+       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n; 73 warp in group */
       const uint32_t fl = op.flags;
+      const int N = 128 >> ((fl >> 3) & 3);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
         /* A registers are values at the issue (PTX registers are not reused
          * under an in-flight wgmma); the accumulators must be untouched */
-        if (!op.chained && memcmp(op.d0[t], op.d[t], 256)) {
+        if (!op.chained && memcmp(op.d0[t], op.d[t], N * 2)) {
           fprintf(stderr, "wgmma operand registers changed while the wgmma was in flight\n");
           abort();
         }
@@ -594,7 +596,7 @@ static void wg_execute(Warp &W, WgOp &op) {
       {
         uint32_t st = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
         for (int k = 0; k < 16; k++)
-          for (int n = 0; n < 128; n++) {
+          for (int n = 0; n < N; n++) {
             uint32_t a = rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128 /* MN-major (transposed) */
                             : st + (n / 8) * sbo + (n % 8) * 128 + k * 2;                         /* K-major */
             B[k][n] = rd(swz(a));
@@ -603,7 +605,7 @@ static void wg_execute(Warp &W, WgOp &op) {
       static float Dout[32][64];
       for (int t = 0; t < 32; t++) {
         int g = t >> 2, q = t & 3;
-        for (int j = 0; j < 16; j++)
+        for (int j = 0; j < N / 8; j++)
           for (int e = 0; e < 4; e++) {
             int row = g + 8 * (e >> 1), col = 8 * j + 2 * q + (e & 1);
             float sum = scale_d ? op.d[t][4 * j + e] : 0.f;
@@ -611,7 +613,7 @@ static void wg_execute(Warp &W, WgOp &op) {
             Dout[t][4 * j + e] = sum;
           }
       }
-      for (int t = 0; t < 32; t++) memcpy(op.d[t], Dout[t], 256);
+      for (int t = 0; t < 32; t++) memcpy(op.d[t], Dout[t], N * 2);
 }
 
 /* Every smem chunk the wgmma reads must have been made visible to the async
@@ -619,6 +621,7 @@ static void wg_execute(Warp &W, WgOp &op) {
  * chunk was written, or by the thread that wrote it (then synchronized). */
 static void wg_check_visible(Warp &W, const WgOp &op) {
   const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
+  const int N = 128 >> ((op.flags >> 3) & 3);
   uint64_t fence = UINT64_MAX;
   for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
   auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
@@ -638,7 +641,7 @@ static void wg_check_visible(Warp &W, const WgOp &op) {
   }
   uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
   for (int k = 0; k < 16; k++)
-    for (int n = 0; n < 128; n++)
+    for (int n = 0; n < N; n++)
       chk(swz(rs ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
                  : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
 }
@@ -655,6 +658,10 @@ static void wg_issue(float d[64], const uint32_t *a, uint64_t da, uint64_t db, u
 }
 void kva_wgmma_m64n128k16_ss_bf16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_ss_f16(float d[64], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, scale_d ? 4u : 0u); }
+void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | 16u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 16u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | 8u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }

@@ -1,0 +1,88 @@
+/* MLA decode on the CUDA backend: the plan's decode requests on the wgmma
+ * kernel (mla_kernel.cuh), which also merges the chunks of split requests;
+ * f32 Q/O, Q of another 16-bit type than the pool, or unaligned Q/O run
+ * on the CUDA-core kernel (simple_attention.cu). Launch shapes come from
+ * plan capacities only (max_q_tokens, num_workers), never from the batch, so
+ * the same launch replays under CUDA graphs. */
+#include <string.h>
+
+#include "cuda/mla_kernel.cuh"
+
+template <int QT, int KV8>
+static kva_status mla_launch(const kva_mla_args *a, unsigned gx, unsigned gy, cudaStream_t s) {
+  const int smem = KVA_MLA_SMEM(KV8);
+  /* per call: the attribute is per device, and a context may be on any */
+  KVA_CUDA_TRY(cudaFuncSetAttribute(kva_mla_kernel<QT, KV8>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  /* a programmatic dependent of the kernel before it (the KV store, the
+   * previous layer): launch and schedule lookups overlap that kernel's tail */
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(gx, gy);
+  lc.blockDim = dim3(KVA_MLA_THREADS);
+  lc.dynamicSmemBytes = (size_t)smem;
+  lc.stream = s;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_mla_kernel<QT, KV8>, *a));
+  KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
+  return KVA_OK;
+}
+
+extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, unsigned gx,
+                                     unsigned gy, cudaStream_t stream) {
+  if (qt == KVA_F16)
+    return kv8 ? mla_launch<KVA_F16, 1>(a, gx, gy, stream) : mla_launch<KVA_F16, 0>(a, gx, gy, stream);
+  return kv8 ? mla_launch<KVA_BF16, 1>(a, gx, gy, stream) : mla_launch<KVA_BF16, 0>(a, gx, gy, stream);
+}
+
+/* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
+extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
+  const int max_q = max_q_tokens < KVA_MAX_DECODE_Q ? max_q_tokens : KVA_MAX_DECODE_Q;
+  return (num_qo_heads * max_q + KVA_MLA_BM - 1) / KVA_MLA_BM;
+}
+
+extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
+                                             const kva_attn_params *params, const void *q,
+                                             void *o, float *lse, kva_dtype dtype) {
+  const kva_pool_config *pc = &pool->cfg;
+  const int kv8 = pc->kv_dtype == KVA_FP8_E4M3;
+  const kva_cuda_state *cs = kva_cuda_state_of(plan->ctx);
+  const int hq = plan->cfg.num_qo_heads;
+  const int tiles = kva_cuda_mla_row_tiles(hq, plan->cfg.max_q_tokens);
+  const int fast = (dtype == KVA_F16 || dtype == KVA_BF16) && (kv8 || pc->kv_dtype == dtype) &&
+                   !((((uintptr_t)q) | ((uintptr_t)o)) & 15u) &&
+                   KVA_MLA_SMEM(kv8) <= cs->max_smem_optin && tiles <= 65535 && tiles <= hq;
+  if (!fast) return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
+
+  const kva_cuda_plan *cp = kva_cuda_plan_of(plan);
+  kva_mla_args a;
+  memset(&a, 0, sizeof a);
+  a.hdr = cp->d_hdr;
+  a.sched = cp->d_split_schedule;
+  a.split_indptr = cp->d_split_indptr;
+  a.split_row_offset = cp->d_split_row_offset;
+  a.cu_q = cp->d_cu_seqlens_q;
+  a.cache_seqlens = cp->d_cache_seqlens;
+  a.num_new = cp->d_num_new;
+  a.page_table = cp->d_page_table;
+  a.q = q;
+  a.o = o;
+  a.lse = lse;
+  a.part_o = (float *)plan->partial_o;
+  a.part_lse = (float *)plan->partial_lse;
+  a.split_sem = cp->d_split_sem; /* [max_batch * hq]: row tile y < hq */
+  a.kv = pool->k[layer];
+  a.hq = hq;
+  a.page_size = pc->page_size;
+  kva_cuda_fastdiv(pc->page_size, &a.ps_mul, &a.ps_shift);
+  const float sm = params->sm_scale > 0.0f ? params->sm_scale : 1.0f / sqrtf((float)KVA_MLA_D);
+  const float ks = kv8 ? pool->k_scale[layer] : 1.0f;
+  a.qk_mul = 1.4426950408889634f * sm * ks;
+  a.o_mul = ks; /* V is the same latent */
+  a.causal = params->causal != 0;
+  return kva_mla_launch(&a, dtype, kv8, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
+                        cs->stream);
+}

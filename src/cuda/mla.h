@@ -1,0 +1,62 @@
+/* MLA decode internals shared by mla.cu (dispatch, launch), mla_kernel.cuh
+ * (the wgmma kernel) and mla_simple.cu (the CUDA-core fallback). */
+#ifndef KVA_CUDA_MLA_H
+#define KVA_CUDA_MLA_H
+
+#include <stdint.h>
+
+#include "cuda/cuda_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVA_MLA_D KVA_MLA_HEAD_DIM /* 576: Q.K dims */
+#define KVA_MLA_DV KVA_MLA_V_DIM   /* 512: V = the latent's first 512 dims */
+#define KVA_MLA_THREADS 256        /* two warpgroups, each owning 256 of O's columns */
+#define KVA_MLA_BM 64              /* query rows (head x token) per CTA: one wgmma M */
+#define KVA_MLA_BN 32              /* keys per tile */
+/* Tiles of R rows of 576 16-bit columns: nine 64-column blocks of
+ * [R rows][128 B], 16-byte chunks swizzled by row % 8 (the wgmma 128-byte
+ * swizzle). Q: R = 64; K/V: R = 32. */
+#define KVA_MLA_QTILE (KVA_MLA_D / 64 * KVA_MLA_BM * 128) /* 73728 */
+#define KVA_MLA_TILE (KVA_MLA_D / 64 * KVA_MLA_BN * 128)  /* 36864 */
+#define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)            /* fp8 staging tile: 18432 */
+/* Ring depth: 16-bit tiles, or fp8 staging tiles (converted one at a time
+ * into a single 16-bit tile). */
+#define KVA_MLA_STAGES(kv8) ((kv8) ? 4 : 3)
+#define KVA_MLA_RING(kv8) \
+  ((kv8) ? KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8 : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
+/* Exchange of the warpgroups' half-K partial S: [2][BN / 8 float4][128]. */
+#define KVA_MLA_XS (2 * KVA_MLA_BN / 8 * 128 * 16) /* 16384 */
+/* 1 KB alignment slack, Q, the ring, the S exchange, 16 bytes of flags. */
+#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS + 16)
+
+/* Kernel arguments (by value); batch-dependent values are read on the
+ * device from the plan's metadata. */
+typedef struct kva_mla_args {
+  const kva_plan_header *hdr;
+  const kva_split_work *sched;
+  const int32_t *split_indptr, *split_row_offset, *cu_q, *cache_seqlens, *num_new, *page_table;
+  const void *q;   /* [total_q, hq, 576] */
+  void *o;         /* [total_q, hq, 512] */
+  float *lse;      /* [total_q, hq] or NULL */
+  float *part_o, *part_lse; /* split-KV partial rows (512 dims) */
+  int32_t *split_sem;       /* [max_batch * hq]: chunks of (request, row tile) done; 0 between runs */
+  const void *kv;           /* the layer's latent buffer [slots, 576] */
+  int hq;
+  int page_size, ps_shift; /* key / page_size = (umulhi(key, ps_mul) + key) >> ps_shift */
+  uint32_t ps_mul;
+  float qk_mul; /* log2(e) sm_scale k_scale */
+  float o_mul;  /* k_scale for fp8 pools (V is the same latent), else 1 */
+  int causal;
+} kva_mla_args;
+
+/* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles). */
+kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, unsigned grid_x,
+                          unsigned grid_y, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVA_CUDA_MLA_H */

@@ -1,0 +1,433 @@
+/* MLA decode attention on Hopper wgmma (FlashMLA's job), device code only;
+ * mla.cu launches it.
+ *
+ * Persistent grid (num_workers, row tiles): CTA (w, y) walks worker w's
+ * entry of the plan's split schedule. The rows of a request are its h_q
+ * heads x n new tokens (row i = token i / h_q, head i % h_q); CTA row y
+ * takes rows 64 y .. 64 y + 63 (one wgmma M), so each latent byte is read
+ * once per row tile. Keys come in tiles of 32, gathered row by row through
+ * the page table with 16-byte cp.async into a 3-stage ring of 32 x 576
+ * tiles (fp8: a 4-stage ring of byte tiles, each converted into one 16-bit
+ * tile before use). Two warpgroups of 128 threads: warpgroup wg computes
+ * the partial S = Q K^T over head dims 288 wg .. 288 wg + 287 (18 wgmma
+ * m64n32k16, Q and K from smem), the two halves are summed through smem
+ * (both warpgroups then hold the same S and run the same online softmax),
+ * and O[:, 256 wg .. 256 wg + 255] += P V with P from registers and V = the
+ * first 512 columns of the same K tile through the descriptor's transpose
+ * (2 x 2 wgmma m64n128k16). Each latent byte is thus multiplied once.
+ *
+ * At the end of a request chunk O is written (single-chunk request) or
+ * written as a partial row; the CTA whose chunk of a split request finishes
+ * last merges the partial rows by LSE into O (as decode_kernel.cuh does,
+ * with a counter per (request, row tile) reset by that CTA). */
+#ifndef KVA_CUDA_MLA_KERNEL_CUH
+#define KVA_CUDA_MLA_KERNEL_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#include "cuda/mla.h"
+#include "cuda/ptx.cuh"
+
+#define KVA_MLA_LN2 0.6931471805599453f
+#define KVA_MLA_QBLK (KVA_MLA_BM * 128) /* bytes of one 64-column block of the Q tile */
+#define KVA_MLA_KBLK (KVA_MLA_BN * 128) /* ... of a K/V tile */
+
+/* Byte offset of 16-byte chunk c (0..71) of row `row` in a tile of R rows. */
+template <int R>
+static __device__ __forceinline__ uint32_t mla_sw(int row, int c) {
+  return (uint32_t)((c >> 3) * (R * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+
+/* Shared-memory matrix descriptor, 128-byte swizzle (see extend_wgmma.cuh):
+ * K-major operands: 8-row groups at sbo = 1024; MN-major (V): 64-column
+ * blocks at lbo, 8-key groups at sbo. */
+static __device__ __forceinline__ uint64_t mla_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr & 0x3ffffu) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+         ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+/* Warp-uniform in ptxas's eyes (see wg_uni in extend_wgmma.cuh). */
+static __device__ __forceinline__ int mla_uni(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
+/* KV slot of `key` (page table row pt), -1 at or past k1. */
+static __device__ __forceinline__ int mla_slot(const int32_t *pt, int key, int k1,
+                                               const kva_mla_args &a) {
+  if (key >= k1) return -1;
+  const uint32_t pg = (__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift;
+  return __ldg(pt + pg) * a.page_size + (key - (int)pg * a.page_size);
+}
+
+/* cp.async of the key tile starting at kt into dst: 8 threads per row
+ * (128 contiguous bytes per 8 lanes), row tid / 8. 16-bit: swizzled tile,
+ * 9 chunks per thread; fp8: byte tile [32][576], chunks (tid % 8) + 8 i < 36.
+ * Keys at or past k1 are zero-filled so that masked P * V stays finite. */
+template <int KV8>
+static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned char *kv,
+                                                    const int32_t *pt, int kt, int k1,
+                                                    const kva_mla_args &a, int tid) {
+  static_assert(KVA_MLA_BN * 8 == KVA_MLA_THREADS, "one row per 8 threads");
+  const int row = tid >> 3, slot = mla_slot(pt, kt + row, k1, a);
+  const int bytes = slot >= 0 ? 16 : 0;
+  if (KV8) {
+    const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D : 0);
+#pragma unroll
+    for (int i = 0; i < 5; i++) {
+      const int c = (tid & 7) + 8 * i;
+      if (c < KVA_MLA_D / 16) kva_cp_async_16(dst + row * KVA_MLA_D + c * 16, src + c * 16, bytes);
+    }
+  } else {
+    const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D * 2 : 0);
+#pragma unroll
+    for (int i = 0; i < 9; i++) {
+      const int c = (tid & 7) + 8 * i;
+      kva_cp_async_16(dst + mla_sw<KVA_MLA_BN>(row, c), src + c * 16, bytes);
+    }
+  }
+}
+
+/* cp.async of Q rows row0 .. row0 + 63 of the request (zero past `rows`). */
+static __device__ __forceinline__ void mla_issue_q(uint32_t dst, const kva_mla_args &a, int tok0,
+                                                   int row0, int rows, int tid) {
+  const unsigned char *qg = (const unsigned char *)a.q;
+#pragma unroll
+  for (int p = 0; p < 2; p++) {
+    const int row = (tid >> 3) + 32 * p, grow = row0 + row, ok = grow < rows;
+    const int t = grow / a.hq, h = grow - t * a.hq;
+    const unsigned char *src = ok ? qg + ((int64_t)(tok0 + t) * a.hq + h) * (KVA_MLA_D * 2) : qg;
+#pragma unroll
+    for (int i = 0; i < 9; i++) {
+      const int c = (tid & 7) + 8 * i;
+      kva_cp_async_16(dst + mla_sw<KVA_MLA_BM>(row, c), ok ? src + c * 16 : qg, ok ? 16 : 0);
+    }
+  }
+}
+
+/* two e4m3 (low 16 bits of x) -> Q's type (exact) */
+template <int QT>
+static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
+  return QT == KVA_F16 ? kva_cvt_e4m3x2_f16x2((uint16_t)(x & 0xffffu))
+                       : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
+}
+
+/* fp8 byte tile [32][576] -> 16-bit swizzled tile (Q's type): 16 bytes in,
+ * two 16-byte chunks out. */
+template <int QT>
+static __device__ __forceinline__ void mla_convert(unsigned char *tile, const unsigned char *st8,
+                                                   int tid) {
+#pragma unroll
+  for (int i = 0; i < 5; i++) {
+    const int idx = tid + KVA_MLA_THREADS * i, row = idx / 36, c8 = idx - row * 36;
+    if (idx >= KVA_MLA_BN * 36) break;
+    const uint4 x = *(const uint4 *)(st8 + row * KVA_MLA_D + c8 * 16);
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8)) =
+        make_uint4(mla_e4m3x2<QT>(x.x), mla_e4m3x2<QT>(x.x >> 16), mla_e4m3x2<QT>(x.y),
+                   mla_e4m3x2<QT>(x.y >> 16));
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8 + 1)) =
+        make_uint4(mla_e4m3x2<QT>(x.z), mla_e4m3x2<QT>(x.z >> 16), mla_e4m3x2<QT>(x.w),
+                   mla_e4m3x2<QT>(x.w >> 16));
+  }
+}
+
+template <int QT>
+static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
+  return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
+}
+template <int QT>
+static __device__ __forceinline__ void mla_mma_s(float d[16], uint64_t da, uint64_t db, int acc) {
+  if (QT == KVA_F16)
+    kva_wgmma_m64n32k16_ss_f16(d, da, db, acc);
+  else
+    kva_wgmma_m64n32k16_ss_bf16(d, da, db, acc);
+}
+template <int QT>
+static __device__ __forceinline__ void mla_mma_pv(float d[64], const uint32_t a[4], uint64_t db) {
+  if (QT == KVA_F16)
+    kva_wgmma_m64n128k16_rs_f16_tb(d, a, db);
+  else
+    kva_wgmma_m64n128k16_rs_bf16_tb(d, a, db);
+}
+
+/* The chunks of request r for this CTA's row tile merged by LSE into O (and
+ * LSE), by the CTA whose chunk finished last; as dec_merge_chunks
+ * (decode_kernel.cuh) at 512 dims. */
+template <int QT>
+static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit, int nt, int tok0,
+                                        int row0, int rows_here, int tid) {
+  for (int idx = tid; idx < rows_here * (KVA_MLA_DV / 4); idx += KVA_MLA_THREADS) {
+    const int row = idx / (KVA_MLA_DV / 4), d4 = idx % (KVA_MLA_DV / 4);
+    const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+    const size_t p0 = (size_t)a.split_row_offset[r] + t;
+    float mx = -INFINITY;
+    for (int j = 0; j < nsplit; j++)
+      mx = fmaxf(mx, __ldcg(a.part_lse + (p0 + (size_t)j * nt) * a.hq + h));
+    float ws = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mx != -INFINITY) {
+#pragma unroll 4
+      for (int j = 0; j < nsplit; j++) {
+        const size_t prow = (p0 + (size_t)j * nt) * a.hq + h;
+        const float sj = __ldcg(a.part_lse + prow);
+        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
+        const float4 v = __ldcg((const float4 *)(a.part_o + prow * KVA_MLA_DV + 4 * d4));
+        ws += w;
+        acc.x += w * v.x;
+        acc.y += w * v.y;
+        acc.z += w * v.z;
+        acc.w += w * v.w;
+      }
+    }
+    const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
+    const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+    *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =
+        make_uint2(mla_pack<QT>(acc.x * inv, acc.y * inv), mla_pack<QT>(acc.z * inv, acc.w * inv));
+    if (a.lse && d4 == 0) a.lse[orow] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+  }
+}
+
+template <int QT, int KV8>
+__global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
+    kva_mla_kernel(const __grid_constant__ kva_mla_args a) {
+  constexpr int QTILE = KVA_MLA_QTILE, TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
+  constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
+  unsigned char *const p_q = smem + (s_q - s_raw);
+  /* 16-bit: stage i at s_kv + i TILE. fp8: the 16-bit tile at s_kv, byte
+   * stage i at s_kv + TILE + i TILE8. */
+  const uint32_t s_kv = s_q + QTILE;
+  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [2][NJ][128] */
+  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
+  const int tw = tid & 127; /* thread within the warpgroup */
+  const kva_plan_header *hdr = a.hdr;
+  /* a PDL-launched kernel after this one may be scheduled now; it waits for
+   * this grid's end before touching memory */
+  kva_griddep_launch_dependents();
+  if ((int)blockIdx.x >= hdr->num_workers) return;
+  const int row0 = (int)blockIdx.y * KVA_MLA_BM;
+  const kva_split_work wk = a.sched[blockIdx.x];
+  const unsigned char *const kvg = (const unsigned char *)a.kv;
+
+  for (int r = wk.begin_req; r <= wk.end_req; r++) {
+    const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+    if (nsplit == 0) continue; /* not a decode request */
+    const int nt = a.num_new[r], rows = nt * a.hq;
+    if (row0 >= rows) continue; /* no rows of this row tile */
+    const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
+    const int split = r == wk.begin_req ? wk.begin_split : 0;
+    const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
+    const int k0 = r == wk.begin_req ? wk.begin_pos : 0;
+    const int ntiles = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
+    const int tok0 = a.cu_q[r];
+    const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
+
+    /* Q, KV and the outputs belong to the kernels before this one (PDL) */
+    kva_griddep_wait();
+    /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each */
+    mla_issue_q(s_q, a, tok0, row0, rows, tid);
+#pragma unroll
+    for (int i = 0; i < NS - 1; i++) {
+      if (i < ntiles)
+        mla_issue_kv<KV8>(KV8 ? s_kv + TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN, k1,
+                          a, tid);
+      kva_cp_async_commit();
+    }
+
+    /* this thread's accumulator rows: tile rows 16 wq + g + 8 hf */
+    int pos[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) pos[hf] = cached + (row0 + 16 * wq + g + 8 * hf) / a.hq;
+    float o[2][64], m[2], l[2];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[0][i] = o[1][i] = 0.0f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+
+    for (int it = 0; it < ntiles; it++) {
+      kva_cp_async_wait<NS - 2>();  /* this thread's copies of tile it (and Q) landed */
+      kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
+      __syncthreads(); /* everyone's did; every wgmma of tile it-1 is complete */
+      {
+        const int nx = it + NS - 1, st = nx % NS;
+        if (nx < ntiles)
+          mla_issue_kv<KV8>(KV8 ? s_kv + TILE + st * TILE8 : s_kv + st * TILE, kvg, pt,
+                            k0 + nx * BN, k1, a, tid);
+        kva_cp_async_commit();
+      }
+      uint32_t s_t;
+      if (KV8) {
+        mla_convert<QT>(p_q + QTILE, p_q + QTILE + TILE + (it % NS) * TILE8, tid);
+        kva_fence_proxy_async_smem();
+        __syncthreads();
+        s_t = s_kv;
+      } else {
+        s_t = s_kv + (it % NS) * TILE;
+      }
+
+      /* ---- S = Q K^T: this warpgroup's half of the head dims ---- */
+      float s[4 * NJ];
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) {
+        s[i] = 0.0f;
+        kva_reg_fence_f32(&s[i]);
+      }
+      kva_wgmma_fence();
+#pragma unroll
+      for (int i = 0; i < KVA_MLA_D / 32; i++) {
+        const int kb = (KVA_MLA_D / 32) * wg + i; /* k-step of 16 dims */
+        const uint32_t qo = (uint32_t)((kb >> 2) * KVA_MLA_QBLK + (kb & 3) * 32);
+        const uint32_t ko = (uint32_t)((kb >> 2) * KVA_MLA_KBLK + (kb & 3) * 32);
+        mla_mma_s<QT>(s, mla_desc(s_q + qo, 16, 1024), mla_desc(s_t + ko, 16, 1024), i > 0);
+      }
+      kva_wgmma_commit();
+      kva_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
+      /* the other half from the other warpgroup (same accumulator layout) */
+#pragma unroll
+      for (int j = 0; j < NJ; j++)
+        xs[(wg * NJ + j) * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+      kva_bar_sync(1, KVA_MLA_THREADS);
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        const float4 x = xs[((wg ^ 1) * NJ + j) * 128 + tw];
+        s[4 * j] += x.x;
+        s[4 * j + 1] += x.y;
+        s[4 * j + 2] += x.z;
+        s[4 * j + 3] += x.w;
+      }
+
+      /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
+      const int kt = k0 + it * BN;
+      const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int j = 0; j < NJ; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float x = s[4 * j + e] * a.qk_mul;
+          if (need_mask) {
+            const int key = kt + 8 * j + 2 * tq + (e & 1);
+            if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
+          }
+          s[4 * j + e] = x;
+          mx[e >> 1] = fmaxf(mx[e >> 1], x);
+        }
+      uint32_t pk[NJ][2];
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+        const float mn = fmaxf(m[hf], mx[hf]);
+        const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
+        const float alpha = kva_ex2(m[hf] - mu);
+        m[hf] = mn;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+          const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
+          sum += p0 + p1;
+          pk[j][hf] = mla_pack<QT>(p0, p1);
+        }
+        l[hf] = l[hf] * alpha + sum;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+          o[0][4 * j + 2 * hf] *= alpha;
+          o[0][4 * j + 2 * hf + 1] *= alpha;
+          o[1][4 * j + 2 * hf] *= alpha;
+          o[1][4 * j + 2 * hf + 1] *= alpha;
+        }
+      }
+
+      /* ---- O[:, 256 wg ..] += P V (V: the tile's first 512 columns) ---- */
+#pragma unroll
+      for (int i = 0; i < 64; i++) {
+        kva_reg_fence_f32(&o[0][i]);
+        kva_reg_fence_f32(&o[1][i]);
+      }
+#pragma unroll
+      for (int j = 0; j < NJ; j++) {
+        kva_reg_fence_u32(&pk[j][0]);
+        kva_reg_fence_u32(&pk[j][1]);
+      }
+      kva_wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
+                                pk[2 * kk + 1][1]};
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+          mla_mma_pv<QT>(o[h], pa,
+                         mla_desc(s_t + (4 * wg + 2 * h) * KVA_MLA_KBLK + kk * 16 * 128,
+                                  KVA_MLA_KBLK, 1024));
+      }
+      kva_wgmma_commit();
+      kva_wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 64; i++) {
+        kva_reg_fence_f32(&o[0][i]);
+        kva_reg_fence_f32(&o[1][i]);
+      }
+    }
+    kva_cp_async_wait<0>(); /* only empty groups remain (Q's, when there were no tiles) */
+
+    /* ---- O (or the partial row) straight from the accumulators ---- */
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      float lt = l[hf];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const int grow = row0 + 16 * wq + g + 8 * hf;
+      if (grow >= rows) continue;
+      const int t = grow / a.hq, h = grow - t * a.hq;
+      const float inv = lt > 0.0f ? a.o_mul / lt : 0.0f;
+      const float lse = lt > 0.0f ? (m[hf] + log2f(lt)) * KVA_MLA_LN2 : -INFINITY;
+      if (nsplit == 1) {
+        const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+        uint32_t *dst = (uint32_t *)((uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg);
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+          for (int j = 0; j < 16; j++)
+            dst[(128 * hh + 8 * j + 2 * tq) / 2] =
+                mla_pack<QT>(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
+        if (a.lse && wg == 0 && tq == 0) a.lse[orow] = lse;
+      } else {
+        const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
+        float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+          for (int j = 0; j < 16; j++)
+            *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
+                make_float2(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
+        if (wg == 0 && tq == 0) a.part_lse[prow] = lse;
+      }
+    }
+    if (nsplit > 1) {
+      /* Publish this chunk (fence, then count it); the chunk that completes
+       * the count merges all of them and resets the count for the next run. */
+      __threadfence();
+      __syncthreads(); /* the CTA's partial rows are written and fenced */
+      if (tid == 0) {
+        int32_t *const sem = a.split_sem + (size_t)r * a.hq + blockIdx.y;
+        const int last = atomicAdd(sem, 1) == nsplit - 1;
+        if (last) atomicExch(sem, 0); /* every chunk has counted */
+        *flag = last;
+      }
+      __syncthreads();
+      if (*flag) {
+        __threadfence(); /* the other chunks' rows, published before their count */
+        const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
+        mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+      }
+    }
+    __syncthreads(); /* flag read, smem done with before the next request's copies */
+  }
+}
+
+#endif /* KVA_CUDA_MLA_KERNEL_CUH */

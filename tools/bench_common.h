@@ -1,0 +1,33 @@
+/* Pieces of `kvattn bench` shared by the MHA modes (bench.c) and MLA
+ * (bench_mla.c). */
+#ifndef KVA_BENCH_COMMON_H
+#define KVA_BENCH_COMMON_H
+
+#include "cli_common.h"
+
+typedef struct {
+  kva_device dev;
+  int prefill, mixed, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers, workers, split_block;
+  kva_dtype dtype, kv_dtype;
+  int mla, sq; /* --mode mla: FlashMLA decode with sq new tokens per request */
+} bench_opts;
+
+typedef struct {
+  double t, t_single; /* median seconds per call; CUDA: of one launch alone */
+  int iters, reps;    /* samples; launches per sample */
+} bench_timing;
+
+/* Fills every buffer of every layer with random values; 0 on success. */
+int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng);
+/* Times kva_attention (warm-up, median of the samples); 0 on success. */
+int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
+                         int layers, const kva_attn_params *ap, const void *q, void *out,
+                         bench_timing *res);
+/* Request lengths as every decode mode draws them: L, or with --varlen
+ * N(L, L/2) clipped at lo. */
+int bench_draw_len(const bench_opts *o, int L, int lo, cli_rng *rng);
+/* One MLA configuration (bench_mla.c); prints a line or a JSON object. */
+int bench_run_mla(kva_context *ctx, const bench_opts *o, int B, int L, double ceiling,
+                  cli_rng *rng);
+
+#endif
