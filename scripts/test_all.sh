@@ -3,7 +3,10 @@
 #   1. release build (CUDA backend when nvcc is found) + ctest; GPU tests
 #      skip loudly (exit 77) without a GPU,
 #   2. AddressSanitizer + UBSan build (CPU only) + ctest,
-#   3. libFuzzer targets (clang only), each for KVA_FUZZ_SECONDS (default 30).
+#   3. libFuzzer targets (clang only), each for KVA_FUZZ_SECONDS (default 30),
+#   4. the Python package: a venv in build-py/venv, pip install numpy pytest and
+#      ./python (bundling build/libkvattn.so from stage 1), pytest on the CPU
+#      tests; the GPU tests skip loudly without torch and a GPU.
 # Every stage runs even if an earlier one failed; the last line summarizes and
 # the exit status is non-zero if any stage failed.
 set -uo pipefail
@@ -75,6 +78,24 @@ fuzz() {
   [ "$n" -gt 0 ] || { echo "no fuzz targets were built"; return 1; }
 }
 
+python_pkg() {
+  local venv=build-py/venv py=python3
+  command -v "$py" >/dev/null || { echo "python3 not found"; return 1; }
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv" || return 1
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy pytest || return 1
+  # the wheel bundles build/libkvattn.so (stage 1); reinstall so it is this build's
+  KVATTN_LIBRARY="$PWD/build/libkvattn.so" "$venv/bin/python" -m pip install -q \
+    --disable-pip-version-check --force-reinstall --no-deps ./python || return 1
+  local log=build-py/pytest.log rc=0
+  # run outside the source tree's python/ so the installed package is what is tested
+  "$venv/bin/python" -m pytest -q -rs -p no:cacheprovider python/tests >"$log" 2>&1 || rc=1
+  grep -vE "^SKIPPED" "$log" | tail -15
+  # one loud line per skip reason (GPU tests without torch/GPU, MLA without its kernels)
+  grep -E "^SKIPPED" "$log" | sed -E 's/^SKIPPED \[([0-9]+)\] [^ ]*: /\1\t/' |
+    awk -F'\t' '{n[$2] += $1} END {for (r in n) printf "   skipped: %d python tests: %s\n", n[r], r}'
+  return $rc
+}
+
 stage "release build + ctest" release
 stage "ASan+UBSan build + ctest" sanitize
 if command -v clang >/dev/null; then
@@ -85,6 +106,7 @@ else
   results+=("libFuzzer targets: skipped (no clang)")
   skipped=$((skipped + 1))
 fi
+stage "Python package (pip install ./python + pytest, CPU)" python_pkg
 
 echo
 printf '   %s\n' "${results[@]}"
