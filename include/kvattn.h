@@ -102,7 +102,9 @@ kva_device kva_context_device(const kva_context *ctx);
 /* Parallel workers the planner schedules for: CPU threads or CUDA SMs. */
 int kva_context_num_workers(const kva_context *ctx);
 /* CUDA: the cudaStream_t that every call of this context is ordered on
- * (NULL = legacy default stream). CPU: accepted and ignored. */
+ * (NULL = legacy default stream, e.g. torch's default stream). A new CUDA
+ * context starts on a non-blocking stream of its own, which graph capture
+ * needs. CPU: accepted and ignored. */
 kva_status kva_context_set_stream(kva_context *ctx, void *stream);
 /* Waits for all work queued by this context. */
 kva_status kva_synchronize(kva_context *ctx);

@@ -7,5 +7,6 @@ cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev
 cmake --build build-cuda
 rm -rf .dist && mkdir -p .dist
 cp build-cuda/kvattn .dist/
+cp build-cuda/libkvattn.so .dist/ 2>/dev/null || true
 for f in build-cuda/test_cuda_* build-cuda/test_graph build-cuda/test_paged_plan build-cuda/test_mla build-cuda/example_*; do [ -x "$f" ] && cp "$f" .dist/; done
 du -sh .dist

@@ -89,7 +89,9 @@ static kva_status cuda_sync(kva_context *ctx) {
 }
 static kva_status cuda_set_stream(kva_context *ctx, void *stream) {
   kva_cuda_state *st = kva_cuda_state_of(ctx);
-  st->stream = stream ? (cudaStream_t)stream : st->own_stream;
+  /* NULL is the legacy default stream (torch's default stream), as
+   * kvattn.h says; the context starts on its own non-blocking stream. */
+  st->stream = (cudaStream_t)stream;
   ctx->stream = st->stream;
   return KVA_OK;
 }

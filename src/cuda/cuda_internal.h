@@ -29,7 +29,7 @@ typedef struct kva_cuda_state {
   int num_sms;
   int max_smem_optin;  /* bytes a block may use after cudaFuncSetAttribute */
   cudaStream_t stream;      /* the stream every call is ordered on */
-  cudaStream_t own_stream;  /* created at init, used when none is set */
+  cudaStream_t own_stream;  /* created at init; the stream until kva_context_set_stream */
 } kva_cuda_state;
 
 static inline kva_cuda_state *kva_cuda_state_of(const kva_context *ctx) {
