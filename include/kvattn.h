@@ -298,6 +298,11 @@ typedef struct kva_attn_params {
 /* Sensible defaults: sm_scale 0, causal 1, window_left -1, softcap 0. */
 kva_attn_params kva_attn_params_default(void);
 
+/* kva_store_kv and kva_attention take the plan's pool or any pool of the
+ * same geometry (layout, num_pages, page_size, num_kv_heads, head_dim,
+ * kv_dtype), e.g. one kva_pool_create_external pool per layer planned once
+ * per step. */
+
 /* Attention of the plan's batch over one layer of the pool.
  * q, o: [total_q, num_qo_heads, head_dim] of dtype (f32, f16, bf16).
  * lse: [total_q, num_qo_heads] f32, or NULL.

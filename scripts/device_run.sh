@@ -3,8 +3,8 @@
 # table last. Logs and JSON go under $OUT (the device tool returns them).
 #
 #   bash scripts/device_run.sh [stage ...]     stages: info check sanitize test
-#                                              decode mla prefill torch graph kernels
-#                                              (default: all but kernels)
+#                                              decode mla prefill torch graph python
+#                                              kernels (default: all but kernels)
 # Binaries: $KVA_BIN (default .dist, made here by scripts/stage_device.sh) or a
 # fresh build in build-cuda when .dist is absent.
 set -uo pipefail
@@ -17,7 +17,7 @@ if [ ! -x "$BIN/kvattn" ]; then
     cmake --build build-cuda >>"$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
   BIN=build-cuda
 fi
-stages=${*:-info check sanitize test decode mla prefill torch graph}
+stages=${*:-info check sanitize test decode mla prefill torch graph python}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
@@ -131,6 +131,13 @@ fi
 if has torch; then
   timeout 240 python3 bench/torch_baselines.py prefill >"$OUT/torch.jsonl" 2>"$OUT/torch.err"
   note "torch baselines: rc=$? ($(wc -l <"$OUT/torch.jsonl") rows)"
+fi
+
+if has python; then
+  # the Python package's whole suite (CPU and GPU tests) on the staged CUDA library
+  KVATTN_LIBRARY=$BIN/libkvattn.so PYTHONPATH=python timeout 300 python3 -m pytest -q -rs python/tests \
+    >"$OUT/pytest.log" 2>&1
+  note "python tests (torch GPU + CPU): rc=$? $(tail -1 "$OUT/pytest.log")"
 fi
 
 if has graph; then

@@ -179,6 +179,34 @@ static void run_device(kva_device dev) {
   CHECK(memcmp(oh1, oh2, qn * 2) == 0 && memcmp(lh1, lh2, (size_t)ri.total_q * HQ * 4) == 0,
         "%s: paged-plan output differs from the request-table plan's", dn);
 
+  /* Any pool of the plan's geometry will do (one plan, a pool per layer):
+   * a second external pool over the owned pool's buffers gives the same
+   * output; a pool of another geometry is refused. */
+  {
+    void *ok_k[1] = {pk}, *ok_v[1] = {pv};
+    kva_pool *twin = NULL, *other = NULL;
+    CHECK_STATUS(kva_pool_create_external(f.ctx, &pc, ok_k, ok_v, &twin), KVA_OK);
+    kva_pool_config oc = pc;
+    oc.num_pages = PAGES / 2;
+    CHECK_STATUS(kva_pool_create_external(f.ctx, &oc, ok_k, ok_v, &other), KVA_OK);
+    if (twin && other) {
+      uint16_t *oh3 = (uint16_t *)malloc(qn * 2);
+      memset(oh3, 0xff, qn * 2); /* NaN-poison o2 */
+      CHECK_STATUS(kva_copy_to_device(f.ctx, o2, oh3, qn * 2), KVA_OK);
+      CHECK_STATUS(kva_attention(f.paged, twin, 0, &ap, q_d, o2, NULL, KVA_BF16), KVA_OK);
+      CHECK_STATUS(kva_attention(f.paged, other, 0, &ap, q_d, o2, NULL, KVA_BF16),
+                   KVA_ERR_INVALID_ARGUMENT);
+      CHECK_STATUS(kva_store_kv(f.paged, other, 0, k_d, v_d, KVA_BF16), KVA_ERR_INVALID_ARGUMENT);
+      CHECK_STATUS(kva_synchronize(f.ctx), KVA_OK);
+      CHECK_STATUS(kva_copy_to_host(f.ctx, oh3, o2, qn * 2), KVA_OK);
+      CHECK(memcmp(oh1, oh3, qn * 2) == 0, "%s: a pool of the same geometry gave another output",
+            dn); /* oh1 holds the request-table plan's output */
+      free(oh3);
+    }
+    kva_pool_destroy(twin);
+    kva_pool_destroy(other);
+  }
+
   /* reference on the stored (bf16-rounded) K/V */
   float *kr[NR], *vr[NR];
   for (int i = 0; i < NR; i++)

@@ -606,8 +606,10 @@ static void test_errors(void) {
   free(snap.buf);
 
   /* ---- run entry points ---- */
+  /* a pool of another geometry (a pool of the same one is accepted: kvattn.h) */
   kva_pool *other = NULL;
   kva_pool_config pc = *kva_pool_get_config(w.pool);
+  pc.num_pages += 1;
   TRY(kva_pool_create(w.ctx, &pc, &other));
   kva_status st;
   EXPECT_ERR(kva_store_kv(NULL, w.pool, 0, kbuf, vbuf, KVA_F32), KVA_ERR_NULL_ARGUMENT);

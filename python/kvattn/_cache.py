@@ -1,12 +1,13 @@
 """Pools over caller buffers and their plans, cached so that the drop-in calls
 do not create C objects (plans allocate device memory) on the hot path.
 
-A C plan is bound to one pool, and a caller buffer pair (one layer's cache)
-is one pool, so each cached pool carries its own plans, grown by doubling.
-Cached pools hold raw pointers, not the caller's arrays (holding them would
-keep freed caches alive): a pool is only used inside a call that passed its
-buffers, and a new buffer at the same address with the same geometry is the
-same pool.
+A caller buffer pair (one layer's cache) is one pool. A C plan serves any pool
+of its pool's geometry (layout, pages, page size, heads, dim, dtype), so plans
+are cached per geometry and head count, grown by doubling, and one planned
+batch serves every layer (FlashInfer's plan once, run per layer). Cached pools
+hold raw pointers, not the caller's arrays (holding them would keep freed
+caches alive): a pool is only used inside a call that passed its buffers, and
+a new buffer at the same address with the same geometry is the same pool.
 """
 import collections
 
@@ -14,9 +15,16 @@ from .core import LAYOUT_MHA, Context, Plan, Pool
 
 MAX_POOLS = 1024  # distinct caller buffers (layers x caches) kept before evicting
 _pools = collections.OrderedDict()
-# pool -> {num_qo_heads: plan}; kept here, not on the pool, so that no
-# reference cycle leaves the destruction order (plan before pool) to the gc
+# (device, geometry, num_qo_heads) -> plan; kept apart from the pools so that
+# no reference cycle leaves the destruction order (plan before pool) to the gc.
+# A plan holds its first pool (Plan.pool), which keeps that C pool alive.
 _plans = {}
+
+
+def _geometry(pool):
+    c = pool.config
+    return (pool.ctx.device, c.layout, c.num_pages, c.page_size, c.num_kv_heads, c.head_dim,
+            c.kv_dtype)
 
 
 def external_pool(k, v, *, page_size, pages_view_shape, layout=LAYOUT_MHA, v_offset_bytes=0,
@@ -38,15 +46,15 @@ def external_pool(k, v, *, page_size, pages_view_shape, layout=LAYOUT_MHA, v_off
                 _external=([kptr], None if vptr is None else [vptr], None))
     _pools[key] = pool
     while len(_pools) > MAX_POOLS:
-        _, old = _pools.popitem(last=False)
-        _plans.pop(old, None)
+        _pools.popitem(last=False)
     return pool
 
 
 def paged_plan(pool, *, num_qo_heads, batch, q_tokens, pages_per_req, num_workers=0):
-    """A paged plan of pool with at least the given capacities (grown by doubling)."""
-    plans = _plans.setdefault(pool, {})
-    plan = plans.get(num_qo_heads)
+    """A paged plan for pool's geometry with at least the given capacities (grown by
+    doubling). Pass pool= to its store_kv/attention: it may be another pool than Plan.pool."""
+    key = _geometry(pool) + (num_qo_heads,)
+    plan = _plans.get(key)
     if plan is not None and (plan.config.max_batch >= batch and plan.config.max_q_tokens >= q_tokens
                              and plan.max_pages_per_req >= pages_per_req
                              and plan.config.num_workers == num_workers):
@@ -56,10 +64,10 @@ def paged_plan(pool, *, num_qo_heads, batch, q_tokens, pages_per_req, num_worker
     plan = Plan.paged(pool, num_qo_heads=num_qo_heads,
                       max_batch=grow(old.max_batch if old else 0, max(batch, 8)),
                       max_q_tokens=grow(old.max_q_tokens if old else 0, max(q_tokens, 64)),
-                      max_pages_per_req=grow(plans[num_qo_heads].max_pages_per_req
+                      max_pages_per_req=grow(_plans[key].max_pages_per_req
                                              if old else 0, max(pages_per_req, 1)),
                       num_workers=num_workers)
-    plans[num_qo_heads] = plan
+    _plans[key] = plan
     return plan
 
 

@@ -319,6 +319,7 @@ class Plan:
             raise ValueError(f"paged batch: num_new [{len(new)}], cache_seqlens [{len(seq)}], "
                              f"page_table {list(pt.shape)} do not agree")
         self.pool.ctx.use_current_stream()
+        self._batch_token = None  # whoever planned before (a FlashInfer wrapper) must re-plan
         b = PagedBatch(len(new), A.i32p(new), A.i32p(seq), A.i32p(pt), pt.shape[1])
         check(api.kva_plan_update_paged(self.handle, ctypes.byref(b)))
 
@@ -347,10 +348,10 @@ class Plan:
         out["kv_indices"] = arr(i.kv_indices, int(out["kv_indptr"][-1]) if n else 0)
         return out
 
-    def store_kv(self, layer, k, v=None):
+    def store_kv(self, layer, k, v=None, *, pool=None):
         """Writes the step's new K/V ([total_q, num_kv_heads, head_dim]; MLA [total_q, 576])
-        into the pool at out_cache_loc."""
-        pool = self.pool
+        into the pool at out_cache_loc. pool: the plan's (default) or one of its geometry."""
+        pool = self.pool if pool is None else pool
         kv = A.view(k, "k")
         views = [kv]
         if pool.is_mla:
@@ -373,10 +374,12 @@ class Plan:
         check(api.kva_store_kv(self.handle, pool.handle, layer, kv.ptr,
                                None if pool.is_mla else views[1].ptr, kv.dtype))
 
-    def attention(self, layer, q, out=None, lse=None, *, params=None, return_lse=False):
+    def attention(self, layer, q, out=None, lse=None, *, params=None, return_lse=False,
+                  pool=None):
         """o = attention(q) over the pool's layer for the planned batch. q [total_q, num_qo_heads,
-        head_dim] (MLA: 576 -> o 512). Returns o, or (o, lse [total_q, num_qo_heads] f32)."""
-        pool = self.pool
+        head_dim] (MLA: 576 -> o 512). Returns o, or (o, lse [total_q, num_qo_heads] f32).
+        pool: the plan's (default) or any pool of its geometry (one plan, a pool per layer)."""
+        pool = self.pool if pool is None else pool
         qv = A.view(q, "q")
         d_in = MLA_HEAD_DIM if pool.is_mla else pool.head_dim
         d_out = MLA_V_DIM if pool.is_mla else pool.head_dim

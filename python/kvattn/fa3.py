@@ -183,10 +183,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, qv=None, rotary
     o_rows = A.head_rows(A.reshape(A.view(out, "out"), (-1, hq, d)), total_q)
     if new_k is not None:
         plan.store_kv(0, A.head_rows(A.reshape(new_k, (-1, hk, d)), total_q),
-                      A.head_rows(A.reshape(new_v, (-1, hk, d)), total_q))
+                      A.head_rows(A.reshape(new_v, (-1, hk, d)), total_q), pool=pool)
     # rows of empty requests are empty, so the live requests' rows are rows [0, total_q)
     lse_rows = None if lse is None else A.head_rows(A.view(lse, "lse"), total_q)
-    plan.attention(0, q_rows, o_rows, lse_rows, params=params)
+    plan.attention(0, q_rows, o_rows, lse_rows, params=params, pool=pool)
     return _finish(out, lse, qa, varlen, batch, hq, q_lens)
 
 

@@ -133,7 +133,7 @@ class _PagedWrapper:
                 plan.update_paged(p["q_lens"][live], p["kv_lens"][live],
                                   np.ascontiguousarray(p["table"][live] * id_mul))
                 plan._batch_token = token
-            plan.attention(0, q, out, lse, params=params)
+            plan.attention(0, q, out, lse, params=params, pool=pool)
         if lse is None:
             return out
         lse *= 1.0 / LN2  # natural -> base 2 (FlashInfer's convention)

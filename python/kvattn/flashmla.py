@@ -45,8 +45,9 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads
                                        page_size=_META_PAGE, num_kv_heads=1, head_dim=MLA_HEAD_DIM,
                                        kv_dtype="bf16", layout=LAYOUT_MLA)
     stride = int((seq.max() + _META_PAGE - 1) // _META_PAGE)
-    plan = _cache.paged_plan(pool, num_qo_heads=1, batch=len(seq), q_tokens=len(seq),
-                             pages_per_req=stride)
+    # workers as for a run with these heads (exact for s_q = 1)
+    plan = _cache.paged_plan(pool, num_qo_heads=int(num_heads_per_head_k), batch=len(seq),
+                             q_tokens=len(seq), pages_per_req=stride)
     plan.update_paged(np.ones(len(seq), np.int32), seq, np.zeros((len(seq), stride), np.int32))
     return _metadata_from_plan(plan, cache_seqlens)
 
@@ -115,7 +116,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v,
     lse = A.empty_like_kind(qa, (b * sq, hq), A.F32)
     plan.attention(0, A.reshape(qa, (b * sq, hq, MLA_HEAD_DIM)),
                    A.reshape(A.view(out, "out"), (b * sq, hq, MLA_V_DIM)), lse,
-                   params=attn_params(softmax_scale, bool(causal)))
+                   params=attn_params(softmax_scale, bool(causal)), pool=pool)
     lse = lse.reshape(b, sq, hq)
     lse = lse.transpose(1, 2).contiguous() if A.is_torch(lse) else np.ascontiguousarray(lse.transpose(0, 2, 1))
     return out, lse

@@ -110,3 +110,40 @@ def test_merge_state(dt):
         kvattn.merge_state(va, sa, vb[:3], sb)
     with pytest.raises(TypeError):
         kvattn.merge_state(va, sa.astype(np.float16), vb, sb)
+
+
+def test_one_plan_serves_every_layer(monkeypatch):
+    """plan() once, run() per layer: the C plan is updated once for all layers (a plan
+    serves any pool of its geometry); an FA3 call on the same geometry in between
+    re-plans it, and the next run() notices and plans its own batch again."""
+    rng = np.random.default_rng(21)
+    ps, hq, hk, d, num_pages = 16, 8, 2, 64, 40
+    kv_lens = [5, 47, 90]
+    indptr, indices, last = _ragged(rng, kv_lens, ps, num_pages)
+    layers = [(randn(rng, (num_pages, ps, hk, d), np.float16), randn(rng, (num_pages, ps, hk, d), np.float16))
+              for _ in range(3)]
+    calls = []
+    orig = kvattn.core.Plan.update_paged
+    monkeypatch.setattr(kvattn.core.Plan, "update_paged",
+                        lambda self, *a, **k: (calls.append(1), orig(self, *a, **k))[1])
+    w = kvattn.BatchDecodeWithPagedKVCacheWrapper(None, "NHD")
+    w.plan(indptr, indices, last, hq, hk, d, ps)
+    q = randn(rng, (len(kv_lens), hq, d))
+
+    def check(out, kc, vc):
+        for r, n in enumerate(kv_lens):
+            ro, _ = attention(q[r:r + 1], _kv(kc, indptr, indices, r, n), _kv(vc, indptr, indices, r, n),
+                              causal=True)
+            assert rel_err(out[r], ro[0]) < tol(np.float32)
+
+    for kc, vc in layers:
+        check(w.run(q, (kc, vc)), kc, vc)
+    assert len(calls) == 1
+    # FA3 on the same geometry, another batch: it re-plans the shared plan
+    pt = np.arange(8, dtype=np.int32).reshape(2, 4)
+    kvattn.flash_attn_with_kvcache(randn(rng, (2, 1, hq, d)), layers[0][0], layers[0][1],
+                                   cache_seqlens=np.array([3, 60], np.int32), page_table=pt)
+    assert len(calls) == 2
+    kc, vc = layers[1]
+    check(w.run(q, (kc, vc)), kc, vc)
+    assert len(calls) == 3

@@ -28,13 +28,26 @@ static kva_status check_act_dtype(kva_dtype dtype, const char *fn) {
                        (int)dtype);
 }
 
+/* A plan reads only page ids (checked against num_pages) and sizes, so any
+ * pool laid out like its own will do: one plan per step serves every layer
+ * of an engine that keeps one caller-owned pool per layer (FlashInfer's
+ * plan once, run per layer). */
+static int same_geometry(const kva_pool_config *a, const kva_pool_config *b) {
+  return a->layout == b->layout && a->num_pages == b->num_pages &&
+         a->page_size == b->page_size && a->num_kv_heads == b->num_kv_heads &&
+         a->head_dim == b->head_dim && a->kv_dtype == b->kv_dtype;
+}
+
 /* The plan has a batch (or a graph capture records calls for a later one),
- * pool is the plan's pool and layer is one of its layers. */
+ * pool is the plan's pool or one of its geometry, and layer is one of the
+ * pool's layers. */
 static kva_status check_plan_pool_layer(const kva_plan *plan, const kva_pool *pool, int layer,
                                         const char *fn) {
-  if (pool != plan->pool)
+  if (pool != plan->pool && !same_geometry(&pool->cfg, &plan->pool->cfg))
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
-                         "%s: pool is not the pool the plan was created for", fn);
+                         "%s: pool is neither the plan's pool nor one of its geometry (layout, "
+                         "pages, page size, kv heads, head dim, kv dtype)",
+                         fn);
   if (layer < 0 || layer >= pool->cfg.num_layers)
     return kva_set_error(KVA_ERR_OUT_OF_RANGE, "%s: layer %d is not in [0, %d)", fn, layer,
                          pool->cfg.num_layers);
