@@ -44,6 +44,11 @@ if has sanitize; then
     tail -4 "$OUT/san_$tool.log"
     note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_$tool.log" | tail -2 | tr '\n' ' ')"
   done
+  for tool in memcheck racecheck; do # the MLA kernel on purpose
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool (MLA cases): rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_mla_$tool.log" | tail -2 | tr '\n' ' ')"
+  done
 fi
 
 if has test; then

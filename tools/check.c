@@ -418,6 +418,7 @@ out:
 static void usage(FILE *f) {
   fprintf(f,
           "usage: kvattn check [--device cpu|cuda] [--seed N] [--cases N] [--small] [--verbose]\n"
+          "                    [--only mha|mla]\n"
           "Randomized sweep against the double reference: page sizes 1..256, GQA/MQA, head dims\n"
           "(64/128/256 and other multiples of 8), cached prefixes, forks of a shared prefix,\n"
           "sliding window, soft-cap, f16/bf16/fp8 KV (fp8 with per-layer scales), f32/f16/bf16\n"
@@ -432,6 +433,7 @@ static void usage(FILE *f) {
           "  --cases N   number of random cases (default 200)\n"
           "  --seed N    random seed (default 1)\n"
           "  --small     smaller shapes (for slow tools such as compute-sanitizer)\n"
+          "  --only K    only MHA or only MLA cases (same draws otherwise)\n"
           "  --verbose   also print a line per passing case (prefixed 'ok')\n"
           "Prints a line per failing case, then 'N passed, N failed'; exit 1 on any failure,\n"
           "77 when the device is absent, 2 on a bad option.\n",
@@ -441,7 +443,7 @@ static void usage(FILE *f) {
 int cli_check(int argc, char **argv) {
   kva_device dev = KVA_DEVICE_CPU;
   unsigned long long seed = 1;
-  int cases = 200, small = 0, verbose = 0;
+  int cases = 200, small = 0, verbose = 0, only = -1; /* --only: 0 mha, 1 mla */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -451,6 +453,13 @@ int cli_check(int argc, char **argv) {
       small = 1;
     } else if (!strcmp(a, "--verbose")) {
       verbose = 1;
+    } else if (!strcmp(a, "--only")) {
+      if (!v || (strcmp(v, "mha") && strcmp(v, "mla"))) {
+        fprintf(stderr, "kvattn check: --only must be mha or mla\n");
+        return 2;
+      }
+      only = !strcmp(v, "mla");
+      i++;
     } else if (!strcmp(a, "--device") || !strcmp(a, "--seed") || !strcmp(a, "--cases")) {
       char *end = NULL;
       if (!v) {
@@ -503,7 +512,9 @@ int cli_check(int argc, char **argv) {
   double t0 = cli_now();
   for (int i = 0; i < cases; i++) {
     int fail;
-    if (cli_int(&r, 0, 5) == 0) { /* one case in six is MLA decode */
+    int mla = cli_int(&r, 0, 5) == 0; /* one case in six is MLA decode */
+    if (only >= 0) mla = only;
+    if (mla) {
       fail = check_mla_case(ctx, &r, small, verbose, &worst);
     } else {
       check_case c = draw_case(&r, small);
