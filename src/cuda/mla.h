@@ -31,13 +31,16 @@ extern "C" {
 #define KVA_MLA_XS (2 * KVA_MLA_BN / 8 * 128 * 16) /* 16384 */
 /* 1 KB alignment slack, Q, the ring, the S exchange, 16 bytes of flags. */
 #define KVA_MLA1_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA1_RING(kv8) + KVA_MLA_XS + 16)
-/* v2 (mla_kernel.cuh): ring of NS 16-bit tiles; fp8: NS byte tiles and two
- * converted 16-bit tiles (tile i's V is read while tile i+1's K is). */
-#define KVA_MLA_STAGES(kv8) 3
+/* v2 (mla_kernel.cuh): ring of NS 16-bit tiles (two in flight while one
+ * is computed on); fp8: NS byte tiles and two converted 16-bit tiles (tile
+ * i's V is read while tile i+1's K is). The S exchange holds one
+ * warpgroup's half, then the sum: [BN / 8 float4][128]. */
+#define KVA_MLA_STAGES(kv8) 4
 #define KVA_MLA_RING(kv8)                                                           \
   ((kv8) ? 2 * KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8                    \
          : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
-#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS + 16)
+#define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
+#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

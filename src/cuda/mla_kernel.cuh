@@ -217,19 +217,38 @@ static __device__ __forceinline__ void mla_issue_s(float s[16], uint32_t s_q, ui
 }
 
 /* Both warpgroups' halves of S summed (same accumulator layout) through
- * xs [2][4][128] float4; the caller orders the reuse of xs. */
+ * xs [4][128] float4: warpgroup 1 stores its half, warpgroup 0 adds it and
+ * stores the sum, warpgroup 1 loads that (named barriers 1 and 2, one way
+ * each). xs is free again when a warpgroup returns: warpgroup 0 read the
+ * half before storing the sum, and warpgroup 1 reads the sum before its
+ * next store. */
 static __device__ __forceinline__ void mla_exchange(float s[16], float4 *xs, int wg, int tw) {
+  if (wg) {
 #pragma unroll
-  for (int j = 0; j < 4; j++)
-    xs[(wg * 4 + j) * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-  kva_bar_sync(1, KVA_MLA_THREADS);
+    for (int j = 0; j < 4; j++)
+      xs[j * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    kva_bar_arrive(1, KVA_MLA_THREADS);
+    kva_bar_sync(2, KVA_MLA_THREADS);
 #pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const float4 x = xs[((wg ^ 1) * 4 + j) * 128 + tw];
-    s[4 * j] += x.x;
-    s[4 * j + 1] += x.y;
-    s[4 * j + 2] += x.z;
-    s[4 * j + 3] += x.w;
+    for (int j = 0; j < 4; j++) {
+      const float4 x = xs[j * 128 + tw];
+      s[4 * j] = x.x;
+      s[4 * j + 1] = x.y;
+      s[4 * j + 2] = x.z;
+      s[4 * j + 3] = x.w;
+    }
+  } else {
+    kva_bar_sync(1, KVA_MLA_THREADS);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float4 x = xs[j * 128 + tw];
+      s[4 * j] += x.x;
+      s[4 * j + 1] += x.y;
+      s[4 * j + 2] += x.z;
+      s[4 * j + 3] += x.w;
+      xs[j * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    }
+    kva_bar_arrive(2, KVA_MLA_THREADS);
   }
 }
 
@@ -329,6 +348,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   constexpr int QTILE = KVA_MLA_QTILE, TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
   constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
   static_assert(NJ == 4 && NS >= 3, "tile shape");
+  static_assert(KVA_MLA_SMEM(KV8) <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
@@ -337,8 +357,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
    * at s_kv + j TILE, byte stage i at s_kv + 2 TILE + i TILE8. */
   const uint32_t s_kv = s_q + QTILE;
   unsigned char *const p_kv = p_q + QTILE;
-  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [2][NJ][128] */
-  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS);
+  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [NJ][128] */
+  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS2);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -419,7 +439,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       kva_cp_async_wait<NS - 3>();  /* this thread's copies of tile it+1 landed */
       kva_fence_proxy_async_smem();
       /* everyone's did; every P V of tile it-1 is complete (its stage is
-       * free) and every read of the last exchange is done */
+       * free) */
       __syncthreads();
       {
         const int nx = it + NS - 1, st = nx % NS;
