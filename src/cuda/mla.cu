@@ -6,14 +6,17 @@
  * the same launch replays under CUDA graphs. */
 #include <string.h>
 
-#include "cuda/mla_kernel.cuh"
+#include <stdlib.h>
+
+#include "cuda/mla_kernel_v1.cuh"
 
 template <int QT, int KV8>
-static kva_status mla_launch(const kva_mla_args *a, unsigned gx, unsigned gy, cudaStream_t s) {
-  const int smem = KVA_MLA_SMEM(KV8);
+static kva_status mla_launch(const kva_mla_args *a, int v1, unsigned gx, unsigned gy,
+                             cudaStream_t s) {
+  const int smem = v1 ? KVA_MLA1_SMEM(KV8) : KVA_MLA_SMEM(KV8);
+  void (*const fn)(kva_mla_args) = v1 ? kva_mla_kernel_v1<QT, KV8> : kva_mla_kernel<QT, KV8>;
   /* per call: the attribute is per device, and a context may be on any */
-  KVA_CUDA_TRY(cudaFuncSetAttribute(kva_mla_kernel<QT, KV8>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   /* a programmatic dependent of the kernel before it (the KV store, the
    * previous layer): launch and schedule lookups overlap that kernel's tail */
   cudaLaunchConfig_t lc = {};
@@ -26,16 +29,28 @@ static kva_status mla_launch(const kva_mla_args *a, unsigned gx, unsigned gy, cu
   attr.val.programmaticStreamSerializationAllowed = 1;
   lc.attrs = &attr;
   lc.numAttrs = 1;
-  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_mla_kernel<QT, KV8>, *a));
+  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, fn, *a));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
   return KVA_OK;
 }
 
-extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, unsigned gx,
-                                     unsigned gy, cudaStream_t stream) {
+extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int v1,
+                                     unsigned gx, unsigned gy, cudaStream_t stream) {
   if (qt == KVA_F16)
-    return kv8 ? mla_launch<KVA_F16, 1>(a, gx, gy, stream) : mla_launch<KVA_F16, 0>(a, gx, gy, stream);
-  return kv8 ? mla_launch<KVA_BF16, 1>(a, gx, gy, stream) : mla_launch<KVA_BF16, 0>(a, gx, gy, stream);
+    return kv8 ? mla_launch<KVA_F16, 1>(a, v1, gx, gy, stream)
+               : mla_launch<KVA_F16, 0>(a, v1, gx, gy, stream);
+  return kv8 ? mla_launch<KVA_BF16, 1>(a, v1, gx, gy, stream)
+             : mla_launch<KVA_BF16, 0>(a, v1, gx, gy, stream);
+}
+
+/* KVA_MLA_KERNEL=v1 selects the first (unpipelined) kernel, for A/B. */
+static int mla_use_v1(void) {
+  static int v = -1; /* read once: launches are replayed under CUDA graphs */
+  if (v < 0) {
+    const char *env = getenv("KVA_MLA_KERNEL");
+    v = env != NULL && strcmp(env, "v1") == 0;
+  }
+  return v;
 }
 
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
@@ -54,7 +69,8 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   const int tiles = kva_cuda_mla_row_tiles(hq, plan->cfg.max_q_tokens);
   const int fast = (dtype == KVA_F16 || dtype == KVA_BF16) && (kv8 || pc->kv_dtype == dtype) &&
                    !((((uintptr_t)q) | ((uintptr_t)o)) & 15u) &&
-                   KVA_MLA_SMEM(kv8) <= cs->max_smem_optin && tiles <= 65535 && tiles <= hq;
+                   KVA_MLA_SMEM(kv8) <= cs->max_smem_optin && KVA_MLA1_SMEM(kv8) <= cs->max_smem_optin &&
+                   tiles <= 65535 && tiles <= hq;
   if (!fast) return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
 
   const kva_cuda_plan *cp = kva_cuda_plan_of(plan);
@@ -83,6 +99,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
-  return kva_mla_launch(&a, dtype, kv8, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
+  return kva_mla_launch(&a, dtype, kv8, mla_use_v1(), (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);
 }

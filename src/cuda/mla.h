@@ -22,15 +22,25 @@ extern "C" {
 #define KVA_MLA_QTILE (KVA_MLA_D / 64 * KVA_MLA_BM * 128) /* 73728 */
 #define KVA_MLA_TILE (KVA_MLA_D / 64 * KVA_MLA_BN * 128)  /* 36864 */
 #define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)            /* fp8 staging tile: 18432 */
-/* Ring depth: 16-bit tiles, or fp8 staging tiles (converted one at a time
- * into a single 16-bit tile). */
-#define KVA_MLA_STAGES(kv8) ((kv8) ? 4 : 3)
-#define KVA_MLA_RING(kv8) \
-  ((kv8) ? KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8 : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
+/* v1 (mla_kernel_v1.cuh): ring of 16-bit tiles, or fp8 staging tiles
+ * converted one at a time into a single 16-bit tile. */
+#define KVA_MLA1_STAGES(kv8) ((kv8) ? 4 : 3)
+#define KVA_MLA1_RING(kv8) \
+  ((kv8) ? KVA_MLA_TILE + KVA_MLA1_STAGES(1) * KVA_MLA_TILE8 : KVA_MLA1_STAGES(0) * KVA_MLA_TILE)
 /* Exchange of the warpgroups' half-K partial S: [2][BN / 8 float4][128]. */
 #define KVA_MLA_XS (2 * KVA_MLA_BN / 8 * 128 * 16) /* 16384 */
 /* 1 KB alignment slack, Q, the ring, the S exchange, 16 bytes of flags. */
-#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS + 16)
+#define KVA_MLA1_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA1_RING(kv8) + KVA_MLA_XS + 16)
+/* v2 (mla_kernel.cuh): ring of NS 16-bit tiles (two in flight while one
+ * is computed on); fp8: NS byte tiles and two converted 16-bit tiles (tile
+ * i's V is read while tile i+1's K is). The S exchange holds one
+ * warpgroup's half, then the sum: [BN / 8 float4][128]. */
+#define KVA_MLA_STAGES(kv8) 4
+#define KVA_MLA_RING(kv8)                                                           \
+  ((kv8) ? 2 * KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8                    \
+         : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
+#define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
+#define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
@@ -52,8 +62,9 @@ typedef struct kva_mla_args {
   int causal;
 } kva_mla_args;
 
-/* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles). */
-kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, unsigned grid_x,
+/* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); v1:
+ * the first kernel (KVA_MLA_KERNEL=v1). */
+kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int v1, unsigned grid_x,
                           unsigned grid_y, cudaStream_t stream);
 
 #ifdef __cplusplus

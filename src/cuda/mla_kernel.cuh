@@ -7,14 +7,16 @@
  * takes rows 64 y .. 64 y + 63 (one wgmma M), so each latent byte is read
  * once per row tile. Keys come in tiles of 32, gathered row by row through
  * the page table with 16-byte cp.async into a 3-stage ring of 32 x 576
- * tiles (fp8: a 4-stage ring of byte tiles, each converted into one 16-bit
- * tile before use). Two warpgroups of 128 threads: warpgroup wg computes
- * the partial S = Q K^T over head dims 288 wg .. 288 wg + 287 (18 wgmma
- * m64n32k16, Q and K from smem), the two halves are summed through smem
- * (both warpgroups then hold the same S and run the same online softmax),
- * and O[:, 256 wg .. 256 wg + 255] += P V with P from registers and V = the
- * first 512 columns of the same K tile through the descriptor's transpose
- * (2 x 2 wgmma m64n128k16). Each latent byte is thus multiplied once.
+ * tiles (fp8: byte tiles, each converted into one of two 16-bit tiles
+ * before use). Two warpgroups of 128 threads: warpgroup wg computes the
+ * partial S = Q K^T over head dims 288 wg .. 288 wg + 287, the two halves
+ * are summed through smem (both warpgroups then hold the same S and run
+ * the same online softmax), and O[:, 256 wg .. 256 wg + 255] += P V with P
+ * from registers and V = the first 512 columns of the same K tile through
+ * the descriptor's transpose. Each latent byte is thus multiplied once.
+ * The S of the next tile runs on the tensor cores during this tile's
+ * softmax (see kva_mla_kernel); mla_kernel_v1.cuh keeps the first,
+ * unpipelined kernel for comparison.
  *
  * At the end of a request chunk O is written (single-chunk request) or
  * written as a partial row; the CTA whose chunk of a split request finishes
@@ -58,16 +60,15 @@ static __device__ __forceinline__ int mla_slot(const int32_t *pt, int key, int k
   return __ldg(pt + pg) * a.page_size + (key - (int)pg * a.page_size);
 }
 
-/* cp.async of the key tile starting at kt into dst: 8 threads per row
- * (128 contiguous bytes per 8 lanes), row tid / 8. 16-bit: swizzled tile,
- * 9 chunks per thread; fp8: byte tile [32][576], chunks (tid % 8) + 8 i < 36.
- * Keys at or past k1 are zero-filled so that masked P * V stays finite. */
+/* cp.async of one key row into dst: 8 threads per row (128 contiguous
+ * bytes per 8 lanes), row tid / 8 at KV slot `slot` (-1: zero-filled, so
+ * that masked P * V stays finite). 16-bit: swizzled tile, 9 chunks per
+ * thread; fp8: byte tile [32][576], chunks (tid % 8) + 8 i < 36. */
 template <int KV8>
-static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned char *kv,
-                                                    const int32_t *pt, int kt, int k1,
-                                                    const kva_mla_args &a, int tid) {
+static __device__ __forceinline__ void mla_issue_row(uint32_t dst, const unsigned char *kv, int slot,
+                                                     int tid) {
   static_assert(KVA_MLA_BN * 8 == KVA_MLA_THREADS, "one row per 8 threads");
-  const int row = tid >> 3, slot = mla_slot(pt, kt + row, k1, a);
+  const int row = tid >> 3;
   const int bytes = slot >= 0 ? 16 : 0;
   if (KV8) {
     const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D : 0);
@@ -84,6 +85,13 @@ static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned
       kva_cp_async_16(dst + mla_sw<KVA_MLA_BN>(row, c), src + c * 16, bytes);
     }
   }
+}
+/* The key tile starting at kt (keys at or past k1 zero-filled). */
+template <int KV8>
+static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned char *kv,
+                                                    const int32_t *pt, int kt, int k1,
+                                                    const kva_mla_args &a, int tid) {
+  mla_issue_row<KV8>(dst, kv, mla_slot(pt, kt + (tid >> 3), k1, a), tid);
 }
 
 /* cp.async of Q rows row0 .. row0 + 63 of the request (zero past `rows`). */
@@ -185,20 +193,172 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
   }
 }
 
+/* This warpgroup's half of S = Q K^T (the k-steps of 16 head dims kb with
+ * kb % 2 == wg: 18 wgmma m64n32k16, Q and K from smem) for the K tile at
+ * s_t: issued and committed as one group, not waited for. The descriptors
+ * are one base plus compile-time offsets (few live registers). */
+template <int QT>
+static __device__ __forceinline__ void mla_issue_s(float s[16], uint32_t s_q, uint32_t s_t, int wg) {
+#pragma unroll
+  for (int i = 0; i < 16; i++) {
+    s[i] = 0.0f;
+    kva_reg_fence_f32(&s[i]);
+  }
+  const uint64_t dq = mla_desc(s_q + 32 * wg, 16, 1024), dk = mla_desc(s_t + 32 * wg, 16, 1024);
+  kva_wgmma_fence();
+#pragma unroll
+  for (int i = 0; i < KVA_MLA_D / 32; i++) {
+    /* k-step kb = 2 i + wg: 64-column block i / 2, 16-column step 2 (i % 2) + wg */
+    const uint32_t qo = (uint32_t)((i >> 1) * KVA_MLA_QBLK + (i & 1) * 64);
+    const uint32_t ko = (uint32_t)((i >> 1) * KVA_MLA_KBLK + (i & 1) * 64);
+    mla_mma_s<QT>(s, dq + (qo >> 4), dk + (ko >> 4), i > 0);
+  }
+  kva_wgmma_commit();
+}
+
+/* Both warpgroups' halves of S summed (same accumulator layout) through
+ * xs [4][128] float4: warpgroup 1 stores its half, warpgroup 0 adds it and
+ * stores the sum, warpgroup 1 loads that (named barriers 1 and 2, one way
+ * each). xs is free again when a warpgroup returns: warpgroup 0 read the
+ * half before storing the sum, and warpgroup 1 reads the sum before its
+ * next store. */
+static __device__ __forceinline__ void mla_exchange(float s[16], float4 *xs, int wg, int tw) {
+  if (wg) {
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      xs[j * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    kva_bar_arrive(1, KVA_MLA_THREADS);
+    kva_bar_sync(2, KVA_MLA_THREADS);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float4 x = xs[j * 128 + tw];
+      s[4 * j] = x.x;
+      s[4 * j + 1] = x.y;
+      s[4 * j + 2] = x.z;
+      s[4 * j + 3] = x.w;
+    }
+  } else {
+    kva_bar_sync(1, KVA_MLA_THREADS);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const float4 x = xs[j * 128 + tw];
+      s[4 * j] += x.x;
+      s[4 * j + 1] += x.y;
+      s[4 * j + 2] += x.z;
+      s[4 * j + 3] += x.w;
+      xs[j * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
+    }
+    kva_bar_arrive(2, KVA_MLA_THREADS);
+  }
+}
+
+/* Online softmax of the tile of S at key kt (masked on the request's
+ * boundary tiles only), O rescaled where a row's max moved, then
+ * O[:, 256 wg ..] += P V issued and committed (not waited for). */
+template <int QT>
+static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64], float m[2],
+                                                      float l[2], const int pos[2], int kt, int k1,
+                                                      int cached, const kva_mla_args &a,
+                                                      uint32_t s_cur, int wg, int tq) {
+  constexpr int BN = KVA_MLA_BN, NJ = BN / 8;
+  /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
+  const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < NJ; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      float x = s[4 * j + e] * a.qk_mul;
+      if (need_mask) {
+        const int key = kt + 8 * j + 2 * tq + (e & 1);
+        if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
+      }
+      s[4 * j + e] = x;
+      mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    }
+  uint32_t pk[NJ][2];
+  float alpha[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
+    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
+    const float mn = fmaxf(m[hf], mx[hf]);
+    const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
+    alpha[hf] = kva_ex2(m[hf] - mu);
+    m[hf] = mn;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+      const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
+      sum += p0 + p1;
+      pk[j][hf] = mla_pack<QT>(p0, p1);
+    }
+    l[hf] = l[hf] * alpha[hf] + sum;
+  }
+  /* a row's max rarely moves after the first tiles: skip the rescale */
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        o[0][4 * j + 2 * hf] *= alpha[hf];
+        o[0][4 * j + 2 * hf + 1] *= alpha[hf];
+        o[1][4 * j + 2 * hf] *= alpha[hf];
+        o[1][4 * j + 2 * hf + 1] *= alpha[hf];
+      }
+  }
+
+  /* ---- O[:, 256 wg ..] += P V (V: the tile's first 512 columns) ---- */
+#pragma unroll
+  for (int i = 0; i < 64; i++) {
+    kva_reg_fence_f32(&o[0][i]);
+    kva_reg_fence_f32(&o[1][i]);
+  }
+#pragma unroll
+  for (int j = 0; j < NJ; j++) {
+    kva_reg_fence_u32(&pk[j][0]);
+    kva_reg_fence_u32(&pk[j][1]);
+  }
+  kva_wgmma_fence();
+  const uint64_t dv = mla_desc(s_cur + 4 * wg * KVA_MLA_KBLK, KVA_MLA_KBLK, 1024);
+#pragma unroll
+  for (int kk = 0; kk < BN / 16; kk++) {
+    const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
+                            pk[2 * kk + 1][1]};
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+      mla_mma_pv<QT>(o[h], pa, dv + ((2 * h * KVA_MLA_KBLK + kk * 16 * 128) >> 4));
+  }
+  kva_wgmma_commit();
+
+}
+
+/* v2. Per request chunk and key tile it, both warpgroups (in this order):
+ * wait for tile it+1 and one CTA barrier; issue tile it+NS-1's loads (its
+ * page-table entries were fetched one tile earlier); issue the half S of
+ * tile it+1 (async); softmax of tile it (its S already summed) and P into
+ * registers; issue P V of tile it; wait for the S group, sum the halves
+ * through smem (one named barrier); wait for P V. So the tensor cores run
+ * S(it+1) under the softmax of tile it and P V(it) under the S exchange;
+ * O is rescaled only when a row's max moved. fp8: tile it+1's bytes are
+ * converted into the other of two 16-bit tiles before its S. */
 template <int QT, int KV8>
 __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mla_kernel(const __grid_constant__ kva_mla_args a) {
   constexpr int QTILE = KVA_MLA_QTILE, TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
   constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
+  static_assert(NJ == 4 && NS >= 3, "tile shape");
+  static_assert(KVA_MLA_SMEM(KV8) <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
   unsigned char *const p_q = smem + (s_q - s_raw);
-  /* 16-bit: stage i at s_kv + i TILE. fp8: the 16-bit tile at s_kv, byte
-   * stage i at s_kv + TILE + i TILE8. */
+  /* 16-bit: stage i at s_kv + i TILE. fp8: 16-bit tile j (= key tile % 2)
+   * at s_kv + j TILE, byte stage i at s_kv + 2 TILE + i TILE8. */
   const uint32_t s_kv = s_q + QTILE;
-  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [2][NJ][128] */
-  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS);
+  unsigned char *const p_kv = p_q + QTILE;
+  float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [NJ][128] */
+  volatile int *const flag = (volatile int *)(p_q + QTILE + KVA_MLA_RING(KV8) + KVA_MLA_XS2);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -209,6 +369,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   kva_griddep_launch_dependents();
   if ((int)blockIdx.x >= hdr->num_workers) return;
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
+  /* row tiles come from the plan's capacity; past the batch's longest
+   * request no request has rows here */
+  if (row0 >= hdr->max_q_len * a.hq) return;
   const kva_split_work wk = a.sched[blockIdx.x];
   const unsigned char *const kvg = (const unsigned char *)a.kv;
 
@@ -232,10 +395,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < NS - 1; i++) {
       if (i < ntiles)
-        mla_issue_kv<KV8>(KV8 ? s_kv + TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN, k1,
-                          a, tid);
+        mla_issue_kv<KV8>(KV8 ? s_kv + 2 * TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN,
+                          k1, a, tid);
       kva_cp_async_commit();
     }
+    /* KV slot of this thread's row of the next tile to load (-1: none) */
+    int nslot = mla_slot(pt, k0 + (NS - 1) * BN + (tid >> 3), k1, a);
 
     /* this thread's accumulator rows: tile rows 16 wq + g + 8 hf */
     int pos[2];
@@ -247,125 +412,71 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.0f;
 
-    for (int it = 0; it < ntiles; it++) {
-      kva_cp_async_wait<NS - 2>();  /* this thread's copies of tile it (and Q) landed */
+    /* S of tile 0, summed */
+    float s[4 * NJ];
+#pragma unroll
+    for (int i = 0; i < 4 * NJ; i++) s[i] = 0.0f;
+    if (ntiles > 0) {
+      kva_cp_async_wait<NS - 2>();  /* this thread's copies of tile 0 and Q landed */
       kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
-      __syncthreads(); /* everyone's did; every wgmma of tile it-1 is complete */
-      {
-        const int nx = it + NS - 1, st = nx % NS;
-        if (nx < ntiles)
-          mla_issue_kv<KV8>(KV8 ? s_kv + TILE + st * TILE8 : s_kv + st * TILE, kvg, pt,
-                            k0 + nx * BN, k1, a, tid);
-        kva_cp_async_commit();
-      }
-      uint32_t s_t;
+      __syncthreads();
       if (KV8) {
-        mla_convert<QT>(p_q + QTILE, p_q + QTILE + TILE + (it % NS) * TILE8, tid);
+        mla_convert<QT>(p_kv, p_kv + 2 * TILE, tid);
         kva_fence_proxy_async_smem();
         __syncthreads();
-        s_t = s_kv;
-      } else {
-        s_t = s_kv + (it % NS) * TILE;
       }
-
-      /* ---- S = Q K^T: this warpgroup's half of the head dims ---- */
-      float s[4 * NJ];
-#pragma unroll
-      for (int i = 0; i < 4 * NJ; i++) {
-        s[i] = 0.0f;
-        kva_reg_fence_f32(&s[i]);
-      }
-      kva_wgmma_fence();
-#pragma unroll
-      for (int i = 0; i < KVA_MLA_D / 32; i++) {
-        const int kb = (KVA_MLA_D / 32) * wg + i; /* k-step of 16 dims */
-        const uint32_t qo = (uint32_t)((kb >> 2) * KVA_MLA_QBLK + (kb & 3) * 32);
-        const uint32_t ko = (uint32_t)((kb >> 2) * KVA_MLA_KBLK + (kb & 3) * 32);
-        mla_mma_s<QT>(s, mla_desc(s_q + qo, 16, 1024), mla_desc(s_t + ko, 16, 1024), i > 0);
-      }
-      kva_wgmma_commit();
+      mla_issue_s<QT>(s, s_q, s_kv, wg);
       kva_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
-      /* the other half from the other warpgroup (same accumulator layout) */
-#pragma unroll
-      for (int j = 0; j < NJ; j++)
-        xs[(wg * NJ + j) * 128 + tw] = make_float4(s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]);
-      kva_bar_sync(1, KVA_MLA_THREADS);
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        const float4 x = xs[((wg ^ 1) * NJ + j) * 128 + tw];
-        s[4 * j] += x.x;
-        s[4 * j + 1] += x.y;
-        s[4 * j + 2] += x.z;
-        s[4 * j + 3] += x.w;
-      }
+      mla_exchange(s, xs, wg, tw);
+    }
 
-      /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
-      const int kt = k0 + it * BN;
-      const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
-      float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-      for (int j = 0; j < NJ; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          float x = s[4 * j + e] * a.qk_mul;
-          if (need_mask) {
-            const int key = kt + 8 * j + 2 * tq + (e & 1);
-            if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
-          }
-          s[4 * j + e] = x;
-          mx[e >> 1] = fmaxf(mx[e >> 1], x);
-        }
-      uint32_t pk[NJ][2];
-#pragma unroll
-      for (int hf = 0; hf < 2; hf++) {
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-        mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-        const float mn = fmaxf(m[hf], mx[hf]);
-        const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
-        const float alpha = kva_ex2(m[hf] - mu);
-        m[hf] = mn;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NJ; j++) {
-          const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
-          sum += p0 + p1;
-          pk[j][hf] = mla_pack<QT>(p0, p1);
-        }
-        l[hf] = l[hf] * alpha + sum;
-#pragma unroll
-        for (int j = 0; j < 16; j++) {
-          o[0][4 * j + 2 * hf] *= alpha;
-          o[0][4 * j + 2 * hf + 1] *= alpha;
-          o[1][4 * j + 2 * hf] *= alpha;
-          o[1][4 * j + 2 * hf + 1] *= alpha;
-        }
+    /* every tile but the last: S of tile it+1 in flight during tile it's
+     * softmax (straight-line wgmma code: ptxas serializes wgmma around
+     * conditional issue) */
+    for (int it = 0; it + 1 < ntiles; it++) {
+      kva_cp_async_wait<NS - 3>();  /* this thread's copies of tile it+1 landed */
+      kva_fence_proxy_async_smem();
+      /* everyone's did; every P V of tile it-1 is complete (its stage is
+       * free) */
+      __syncthreads();
+      {
+        const int nx = it + NS - 1, st = nx % NS;
+        if (nx < ntiles)
+          mla_issue_row<KV8>(KV8 ? s_kv + 2 * TILE + st * TILE8 : s_kv + st * TILE, kvg, nslot, tid);
+        kva_cp_async_commit();
+        nslot = mla_slot(pt, k0 + (nx + 1) * BN + (tid >> 3), k1, a); /* used next tile */
       }
-
-      /* ---- O[:, 256 wg ..] += P V (V: the tile's first 512 columns) ---- */
+      uint32_t s_cur = s_kv + (it % NS) * TILE, s_nx = s_kv + ((it + 1) % NS) * TILE;
+      if (KV8) {
+        s_cur = s_kv + (it & 1) * TILE;
+        s_nx = s_kv + ((it + 1) & 1) * TILE;
+        mla_convert<QT>(p_kv + ((it + 1) & 1) * TILE, p_kv + 2 * TILE + ((it + 1) % NS) * TILE8, tid);
+        kva_fence_proxy_async_smem();
+        __syncthreads();
+      }
+      float sn[4 * NJ];
+      mla_issue_s<QT>(sn, s_q, s_nx, wg);
+      mla_softmax_pv<QT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, s_cur, wg, tq);
+      /* tile it+1's S summed while P V runs */
+      kva_wgmma_wait<1>();
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sn[i]);
+      mla_exchange(sn, xs, wg, tw);
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) s[i] = sn[i];
+      kva_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 64; i++) {
         kva_reg_fence_f32(&o[0][i]);
         kva_reg_fence_f32(&o[1][i]);
       }
-#pragma unroll
-      for (int j = 0; j < NJ; j++) {
-        kva_reg_fence_u32(&pk[j][0]);
-        kva_reg_fence_u32(&pk[j][1]);
-      }
-      kva_wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BN / 16; kk++) {
-        const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
-                                pk[2 * kk + 1][1]};
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          mla_mma_pv<QT>(o[h], pa,
-                         mla_desc(s_t + (4 * wg + 2 * h) * KVA_MLA_KBLK + kk * 16 * 128,
-                                  KVA_MLA_KBLK, 1024));
-      }
-      kva_wgmma_commit();
+    }
+    if (ntiles > 0) { /* the last tile: its stage landed and was synced above */
+      const int it = ntiles - 1;
+      mla_softmax_pv<QT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a,
+                         KV8 ? s_kv + (it & 1) * TILE : s_kv + (it % NS) * TILE, wg, tq);
       kva_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 64; i++) {

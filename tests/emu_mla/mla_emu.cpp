@@ -3,7 +3,7 @@
  * h_q, 1..8 new tokens per request, varlen, page sizes, bf16/f16/fp8
  * latents, forced splits. */
 #include "emu_cuda.h"
-#include "cuda/mla_kernel.cuh"
+#include "cuda/mla_kernel_v1.cuh"
 extern "C" {
 #include "core/dtype.h"
 }
@@ -17,10 +17,14 @@ extern dim3 emu_blockIdx;
 
 static kva_mla_args g_args;
 static unsigned g_y;
+static int g_v1; /* EMU_MLA_V1=1: the first kernel (mla_kernel_v1.cuh) */
 template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
-  kva_mla_kernel<QT, KV8>(g_args);
+  if (g_v1)
+    kva_mla_kernel_v1<QT, KV8>(g_args);
+  else
+    kva_mla_kernel<QT, KV8>(g_args);
 }
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
@@ -108,6 +112,7 @@ static int run_case(const Case &c, int idx) {
   memset(&hdr, 0, sizeof hdr);
   hdr.num_requests = B;
   hdr.total_q = total_q;
+  hdr.max_q_len = *std::max_element(c.nnew.begin(), c.nnew.end());
   hdr.page_table_stride = maxpages;
   hdr.num_workers = c.workers;
   hdr.num_splits_total = nsplits;
@@ -141,7 +146,7 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  emu_smem_limit = KVA_MLA_SMEM(c.kv8);
+  emu_smem_limit = g_v1 ? KVA_MLA1_SMEM(c.kv8) : KVA_MLA_SMEM(c.kv8);
   for (int y = 0; y < tiles; y++) {
     g_y = (unsigned)y;
     emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
@@ -203,6 +208,7 @@ static int run_case(const Case &c, int idx) {
 }
 
 int main(int argc, char **argv) {
+  g_v1 = getenv("EMU_MLA_V1") && atoi(getenv("EMU_MLA_V1")) != 0;
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;
   if (argc > 3) rng ^= (uint64_t)strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull;
