@@ -74,10 +74,18 @@ kva_status kva_ext_launch_d256(const kva_ext_args *a, kva_dtype qt, int kv8, int
  * head_dim 128, f16/bf16 Q, same-type KV. grid_cache[2]: (f16, bf16). */
 kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
                                 int grid_cache[2], cudaStream_t stream);
-/* Warp-specialized wgmma kernel (extend_ws.cu, FlashAttention-3 style):
- * same shapes as the wgmma kernel, the default (KVA_EXTEND_KERNEL=ws). */
-kva_status kva_ext_launch_ws(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
-                             int grid_cache[2], cudaStream_t stream);
+/* Warp-specialized wgmma kernel (extend_ws*.cu, FlashAttention-3 style):
+ * head_dim 64, 128, 256, f16/bf16 Q with same-type KV, the default
+ * (KVA_EXTEND_KERNEL=ws). Tiles of KVA_WS_TILE_ROWS query rows at every
+ * head dim (the plan's schedule; mma.sync's is 64 at d=256).
+ * grid_cache[2]: (f16, bf16). */
+#define KVA_WS_TILE_ROWS 128
+kva_status kva_ext_launch_ws_d64(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
+                                 int grid_cache[2], cudaStream_t stream);
+kva_status kva_ext_launch_ws_d128(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
+                                  int grid_cache[2], cudaStream_t stream);
+kva_status kva_ext_launch_ws_d256(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
+                                  int grid_cache[2], cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -78,16 +78,29 @@ static __device__ __forceinline__ void wg_issue_q(const kva_ext_args *a, uint32_
   }
 }
 
-template <int QT>
-static __device__ __forceinline__ void wg_mma_ss(float d[64], uint64_t da, uint64_t db, int acc) {
-  if (QT == KVA_F16)
+/* m64nNk16: S (SS, N = key tile 128 or 64) and P V (RS, N = head dim) */
+template <int QT, int N = 128>
+static __device__ __forceinline__ void wg_mma_ss(float d[N / 2], uint64_t da, uint64_t db,
+                                                 int acc) {
+  static_assert(N == 128 || N == 64, "wgmma SS shape");
+  if (N == 64)
+    QT == KVA_F16 ? kva_wgmma_m64n64k16_ss_f16(d, da, db, acc)
+                  : kva_wgmma_m64n64k16_ss_bf16(d, da, db, acc);
+  else if (QT == KVA_F16)
     kva_wgmma_m64n128k16_ss_f16(d, da, db, acc);
   else
     kva_wgmma_m64n128k16_ss_bf16(d, da, db, acc);
 }
-template <int QT>
-static __device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4], uint64_t db) {
-  if (QT == KVA_F16)
+template <int QT, int N = 128>
+static __device__ __forceinline__ void wg_mma_rs(float d[N / 2], const uint32_t a[4],
+                                                 uint64_t db) {
+  static_assert(N == 128 || N == 64 || N == 256, "wgmma RS shape");
+  if (N == 64)
+    QT == KVA_F16 ? kva_wgmma_m64n64k16_rs_f16_tb(d, a, db) : kva_wgmma_m64n64k16_rs_bf16_tb(d, a, db);
+  else if (N == 256)
+    QT == KVA_F16 ? kva_wgmma_m64n256k16_rs_f16_tb(d, a, db)
+                  : kva_wgmma_m64n256k16_rs_bf16_tb(d, a, db);
+  else if (QT == KVA_F16)
     kva_wgmma_m64n128k16_rs_f16_tb(d, a, db);
   else
     kva_wgmma_m64n128k16_rs_bf16_tb(d, a, db);
@@ -95,39 +108,43 @@ static __device__ __forceinline__ void wg_mma_rs(float d[64], const uint32_t a[4
 
 /* S = Q K^T for this warpgroup's 64 rows (issued, committed, not waited).
  * Accumulator element 4 j + e: row g + 8 (e >> 1) of the warp, column
- * 8 j + 2 t + (e & 1). */
-template <int QT>
-static __device__ __forceinline__ void wg_issue_s(float s[64], uint32_t q_wg, uint32_t k_s) {
+ * 8 j + 2 t + (e & 1). D: head dim, BN: keys of the K tile; tiles hold
+ * D / 64 column blocks of [rows][128 B] (Q: 128 rows, K: BN rows). */
+template <int QT, int D = 128, int BN = 128>
+static __device__ __forceinline__ void wg_issue_s(float s[BN / 2], uint32_t q_wg, uint32_t k_s) {
 #pragma unroll
-  for (int i = 0; i < 64; i++) {
+  for (int i = 0; i < BN / 2; i++) {
     s[i] = 0.f;
     kva_reg_fence_f32(&s[i]); /* written before the wgmma.fence, not sunk past it */
   }
   kva_wgmma_fence();
 #pragma unroll
-  for (int j = 0; j < 8; j++) {
-    const uint32_t koff = (uint32_t)((j >> 2) * (128 * 128) + (j & 3) * 32);
-    wg_mma_ss<QT>(s, wg_desc(q_wg + koff, 16, 1024), wg_desc(k_s + koff, 16, 1024), j > 0);
+  for (int j = 0; j < D / 16; j++) {
+    const uint32_t qoff = (uint32_t)((j >> 2) * (128 * 128) + (j & 3) * 32);
+    const uint32_t koff = (uint32_t)((j >> 2) * (BN * 128) + (j & 3) * 32);
+    wg_mma_ss<QT, BN>(s, wg_desc(q_wg + qoff, 16, 1024), wg_desc(k_s + koff, 16, 1024), j > 0);
   }
   kva_wgmma_commit();
 }
 
-/* O += P V for one key tile (issued, committed, not waited). */
-template <int QT>
-static __device__ __forceinline__ void wg_issue_pv(float o[64], uint32_t pk[16][2], uint32_t v_s) {
+/* O += P V for one key tile (issued, committed, not waited): BN / 16
+ * k-steps of 16 keys, N = D (the V tile's 64-column blocks at BN * 128). */
+template <int QT, int D = 128, int BN = 128>
+static __device__ __forceinline__ void wg_issue_pv(float o[D / 2], uint32_t pk[BN / 8][2],
+                                                   uint32_t v_s) {
   /* O (rescaled) and P are written before the wgmma.fence, not sunk past it */
 #pragma unroll
-  for (int i = 0; i < 64; i++) kva_reg_fence_f32(&o[i]);
+  for (int i = 0; i < D / 2; i++) kva_reg_fence_f32(&o[i]);
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < BN / 8; j++) {
     kva_reg_fence_u32(&pk[j][0]);
     kva_reg_fence_u32(&pk[j][1]);
   }
   kva_wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < 8; kk++) {
+  for (int kk = 0; kk < BN / 16; kk++) {
     const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-    wg_mma_rs<QT>(o, pa, wg_desc(v_s + kk * 16 * 128, 128 * 128, 1024));
+    wg_mma_rs<QT, D>(o, pa, wg_desc(v_s + kk * 16 * 128, BN * 128, 1024));
   }
   kva_wgmma_commit();
 }
@@ -136,8 +153,8 @@ static __device__ __forceinline__ void wg_issue_pv(float o[64], uint32_t pk[16][
  * returns whether some row of the warp got a new maximum (then O must be
  * multiplied by alpha once the previous P V is done). p_w: position of the
  * warp's first row. */
-template <int QT>
-static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2], float m[2],
+template <int QT, int BN = 128>
+static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN / 8][2], float m[2],
                                                  float l[2], float alpha[2], int k0, int need_mask,
                                                  int p_w, int kv_len, int causal, int window_left,
                                                  float qk_mul, float cap_log2, int lane) {
@@ -146,7 +163,7 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
   if (cap_log2 != 0.f) {
     mul = 1.f;
 #pragma unroll
-    for (int i = 0; i < 64; i++)
+    for (int i = 0; i < BN / 2; i++)
       s[i] = cap_log2 * (1.f - 2.f * kva_rcp(1.f + kva_ex2(s[i] * qk_mul)));
   }
   if (need_mask) {
@@ -156,7 +173,7 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
       const int jhi = causal ? min(kv_len, p + 1) : kv_len;
       const int jlo = window_left >= 0 ? p - window_left : INT_MIN;
 #pragma unroll
-      for (int j = 0; j < 16; j++)
+      for (int j = 0; j < BN / 8; j++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
           const int key = k0 + j * 8 + 2 * (lane & 3) + e;
@@ -171,7 +188,7 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
   for (int hf = 0; hf < 2; hf++) {
     float a[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < BN / 8; j++)
       a[j & 3] = fmaxf(a[j & 3], fmaxf(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]));
     mx2[hf] = fmaxf(fmaxf(a[0], a[1]), fmaxf(a[2], a[3]));
   }
@@ -189,7 +206,7 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
     m[hf] = mx;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
+    for (int j = 0; j < BN / 8; j++) {
       const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m_use));
       const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m_use));
       acc[j & 3] += p0 + p1;
@@ -200,9 +217,10 @@ static __device__ __forceinline__ int wg_softmax(float s[64], uint32_t pk[16][2]
   return __any_sync(0xffffffffu, rescale);
 }
 
-static __device__ __forceinline__ void wg_rescale(float o[64], const float alpha[2]) {
+template <int D = 128>
+static __device__ __forceinline__ void wg_rescale(float o[D / 2], const float alpha[2]) {
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < D / 8; j++) {
     o[4 * j] *= alpha[0];
     o[4 * j + 1] *= alpha[0];
     o[4 * j + 2] *= alpha[1];
@@ -216,15 +234,17 @@ static __device__ __forceinline__ void wg_rescale(float o[64], const float alpha
  * around them (CUTLASS's canonical_warp_idx_sync does the same). */
 static __device__ __forceinline__ int wg_uni(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
-static __device__ __forceinline__ void wg_fence_acc(float d[64]) {
+template <int N = 64>
+static __device__ __forceinline__ void wg_fence_acc(float d[N]) {
 #pragma unroll
-  for (int i = 0; i < 64; i++) kva_reg_fence_f32(&d[i]);
+  for (int i = 0; i < N; i++) kva_reg_fence_f32(&d[i]);
 }
 
-static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[16][2], float m[2], float l[2],
-                                                        float alpha[2], int *rescale) {
+template <int BN = 128>
+static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[BN / 8][2], float m[2],
+                                                        float l[2], float alpha[2], int *rescale) {
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < BN / 8; j++) {
     kva_reg_fence_u32(&pn[j][0]);
     kva_reg_fence_u32(&pn[j][1]);
   }
@@ -245,20 +265,21 @@ static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[16][2], floa
  * softmax's vote (which keeps ptxas from hoisting the wait above the
  * softmax), rescales O if a row max moved, and fences the P registers the
  * finished P V read. */
-static __device__ __forceinline__ void wg_finish_pv(float o[64], uint32_t pk[16][2],
-                                                    uint32_t pn[16][2], float m[2], float l[2],
+template <int D = 128, int BN = 128>
+static __device__ __forceinline__ void wg_finish_pv(float o[D / 2], uint32_t pk[BN / 8][2],
+                                                    uint32_t pn[BN / 8][2], float m[2], float l[2],
                                                     float alpha[2], int rescale) {
-  wg_fence_softmax(pn, m, l, alpha, &rescale);
+  wg_fence_softmax<BN>(pn, m, l, alpha, &rescale);
   if (rescale) {
     kva_wgmma_wait<0>();
-    wg_fence_acc(o);
-    wg_rescale(o, alpha);
+    wg_fence_acc<D / 2>(o);
+    wg_rescale<D>(o, alpha);
   } else {
     kva_wgmma_wait<0>();
-    wg_fence_acc(o);
+    wg_fence_acc<D / 2>(o);
   }
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < BN / 8; j++) {
     kva_reg_fence_u32(&pk[j][0]);
     kva_reg_fence_u32(&pk[j][1]);
   }
@@ -266,11 +287,12 @@ static __device__ __forceinline__ void wg_finish_pv(float o[64], uint32_t pk[16]
 
 /* End of a key tile: O rescaled if the softmax moved a row max (and P V
  * did not already do it), and this tile's P becomes the pending one. */
-static __device__ __forceinline__ void wg_keep_p(float o[64], const float alpha[2], int rescale,
-                                                 uint32_t pk[16][2], uint32_t pn[16][2]) {
-  if (rescale) wg_rescale(o, alpha);
+template <int D = 128, int BN = 128>
+static __device__ __forceinline__ void wg_keep_p(float o[D / 2], const float alpha[2], int rescale,
+                                                 uint32_t pk[BN / 8][2], uint32_t pn[BN / 8][2]) {
+  if (rescale) wg_rescale<D>(o, alpha);
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
+  for (int j = 0; j < BN / 8; j++) {
     pk[j][0] = pn[j][0];
     pk[j][1] = pn[j][1];
   }

@@ -1,8 +1,15 @@
 /* Extend (prefill) attention on Hopper, warp-specialized (FlashAttention-3
- * style): head_dim 128, f16/bf16 Q with same-type paged KV. Selected by
- * default (KVA_EXTEND_KERNEL=ws); same work items, tile list, output and
- * LSE semantics as the wgmma kernel (extend_wgmma.cuh), whose tile layout,
- * descriptors, wgmma issue helpers and softmax it reuses.
+ * style): head_dim D = 64, 128 or 256, f16/bf16 Q with same-type paged KV.
+ * Selected by default (KVA_EXTEND_KERNEL=ws); same work items, tile list,
+ * output and LSE semantics as the wgmma kernel (extend_wgmma.cuh), whose
+ * tile layout, descriptors, wgmma issue helpers and softmax it reuses.
+ *
+ * Per head dim (KVA_WS_BN, KVA_WS_STAGES): 128 query rows (2 consumer
+ * warpgroups x 64) everywhere; key tiles of 128 keys at D = 64 and 128, of
+ * 64 at D = 256, where O alone is 128 fp32 registers per consumer thread and
+ * Q (64 KB) plus 2 stages of K and V (32 KB tiles) fill the smem. D = 64
+ * tiles are 16 KB: 5 stages. A tile of R rows is D / 64 column blocks of
+ * [R][128 B] (the wgmma 128-byte swizzle atom).
  *
  * A CTA is 3 warpgroups (384 threads):
  *  - warpgroup 0, the producer (setmaxnreg.dec to KVA_WS_PROD_REGS): its
@@ -39,71 +46,109 @@
 #include "cuda/extend_wgmma.cuh"
 
 #define KVA_WS_THREADS 384
-#define KVA_WS_STAGES 3
+#define KVA_WS_BM KVA_WS_TILE_ROWS /* query rows of an item (the plan's tile rows) */
+#define KVA_WS_BN(d) ((d) == 256 ? 64 : 128)
+#define KVA_WS_STAGES(d) ((d) == 64 ? 5 : (d) == 128 ? 3 : 2)
 #define KVA_WS_PROD_REGS 40  /* 128 x (40 + 2 x 232) = 64512 <= 64K registers */
 #define KVA_WS_CONS_REGS 232 /* launch: 65536 / 384 -> 168 per thread */
 /* barriers: q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty */
-#define KVA_WS_NBAR (2 + 4 * KVA_WS_STAGES)
-#define KVA_WS_BAR_BYTES (((KVA_WS_NBAR * 8) + 127) / 128 * 128)
+#define KVA_WS_NBAR(d) (2 + 4 * KVA_WS_STAGES(d))
+#define KVA_WS_BAR_BYTES(d) (((KVA_WS_NBAR(d) * 8) + 127) / 128 * 128)
+#define KVA_WS_QTILE(d) (KVA_WS_BM * (d)*2)          /* bytes of the Q tile */
+#define KVA_WS_KVTILE(d) (KVA_WS_BN(d) * (d)*2)      /* ... of a K or V tile */
 /* 1 KB alignment slack, Q, K ring, V ring, barriers, two items' scalars and
- * the producer's two item indices */
-#define KVA_WS_SMEM \
-  (1024 + KVA_WG_TILE * (1 + 2 * KVA_WS_STAGES) + KVA_WS_BAR_BYTES + KVA_EXT_ITEM_BYTES)
+ * the producer's two item indices (d=128: 230784 B, 64: 181760, 256: 198016) */
+#define KVA_WS_SMEM(d)                                                                 \
+  (1024 + KVA_WS_QTILE(d) + 2 * KVA_WS_STAGES(d) * KVA_WS_KVTILE(d) + KVA_WS_BAR_BYTES(d) + \
+   KVA_EXT_ITEM_BYTES)
 static_assert(2 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "item slots");
 #define KVA_WS_BAR_WG0 1 /* named barriers of the pingpong token */
 #define KVA_WS_BAR_WG1 2
 #define KVA_WS_BAR_PROD 3 /* the producer warpgroup's item broadcast */
 
-/* Producer: cp.async of one K or V tile (128 keys) into the swizzled layout.
- * Producer thread p copies chunk c = p % 16 of rows p / 16 + 8 i; the slot of
- * each row comes from lane 2 i + lane / 16, whose `pre` holds the slot of
- * row 2 warp + lane % 2 + 8 (lane / 2). Kept to a shuffle, a max, one
- * address multiply-add, a compare and the copy per row: row & 7 (the swizzle) and the
- * chunk are the same for all 16 rows of a thread, rows are 1 KB apart in
- * smem, and slots are scaled once per tile to 16-byte units (the launcher
- * checks that a layer's buffer fits 2^31 of them). */
+/* Byte offset of 16-byte chunk c (0 .. D / 8 - 1) of row `row` in a tile
+ * of R rows (column blocks of [R][128 B], chunks swizzled by row % 8);
+ * wg_sw128 at R = 128, D <= 128. */
+template <int R>
+static __device__ __forceinline__ uint32_t ws_sw(int row, int c) {
+  return (uint32_t)((c >> 3) * (R * 128) + row * 128 + (((c & 7) ^ (row & 7)) << 4));
+}
+
+/* Producer row mapping of a tile: a row is CPR = D / 8 chunks (CPR =
+ * 1 << CSH); thread p copies chunk p % CPR of rows p / CPR + RPI i (RPI =
+ * 128 / CPR rows per step, RW = RPI / 4 of them per warp). Shifts and masks
+ * (p >= 0), not signed division. */
+#define KVA_WS_CSH(d) ((d) == 64 ? 3 : (d) == 128 ? 4 : 5)
+template <int D>
+static __device__ __forceinline__ int ws_my_row(int p) {
+  constexpr int CSH = KVA_WS_CSH(D), RW = 32 >> CSH, RPI = 128 >> CSH, LIT = KVA_WS_BN(D) / RPI;
+  static_assert((1 << CSH) == D / 8, "chunks per row");
+  const int lane = p & 31, warp = p >> 5;
+  return lane < RW * LIT ? RW * warp + (lane & (RW - 1)) + RPI * (lane >> (5 - CSH)) : 0;
+}
+
+/* Producer: cp.async of one K or V tile (BN keys) into the swizzled layout.
+ * Thread p copies chunk c = p % CPR of rows p / CPR + RPI i; the slot of
+ * each row comes from lane RW i + lane / CPR, whose `pre` holds the slot of
+ * row ws_my_row (d=128: chunk p % 16 of rows p / 16 + 8 i from lane
+ * 2 i + lane / 16, row 2 warp + lane % 2 + 8 (lane / 2)). Kept to a
+ * shuffle, a max, one address multiply-add, a compare and the copy per row:
+ * the chunk is the same for all rows of a thread, and so is row & 7 (the
+ * swizzle) where RPI is a multiple of 8 (rows RPI 128 bytes apart; d=256:
+ * two alternating bases), and slots are scaled once per tile to 16-byte
+ * units (the launcher checks that a layer's buffer fits 2^31 of them). */
+template <int D>
 static __device__ __forceinline__ void ws_issue_tile(uint32_t dst, int pre, const unsigned char *g,
                                                      int slot_elems, int full, int p) {
-  const int lane = p & 31, c = p & 15;
+  constexpr int BN = KVA_WS_BN(D), CSH = KVA_WS_CSH(D), RW = 32 >> CSH, RPI = 128 >> CSH;
+  constexpr int LIT = BN / RPI;
+  static_assert(RPI % 8 == 0 || RPI == 4, "swizzle phase per row step");
+  const int lane = p & 31, c = p & ((1 << CSH) - 1);
   const int pre16 = pre >= 0 ? pre * (slot_elems >> 3) : -1; /* 16-byte units */
-  const uint32_t d0 = dst + wg_sw128(p >> 4, c);
+  const uint32_t d0 = dst + ws_sw<BN>(p >> CSH, c);
+  const uint32_t d1 = dst + ws_sw<BN>((p >> CSH) + RPI, c); /* RPI = 4: odd steps */
   const unsigned char *const gc = kva_opaque_ptr(g + c * 16);
   if (full) { /* every row is a key (all but an item's last tile): no zero-fill */
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-      const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
-      kva_cp_async_16_all(d0 + i * 1024, gc + (size_t)(uint32_t)u * 16);
+    for (int i = 0; i < LIT; i++) {
+      const int u = __shfl_sync(0xffffffffu, pre16, RW * i + (lane >> CSH));
+      const uint32_t d = RPI % 8 == 0 ? d0 + i * RPI * 128 : (i & 1 ? d1 : d0) + (i >> 1) * 1024;
+      kva_cp_async_16_all(d, gc + (size_t)(uint32_t)u * 16);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-      const int u = __shfl_sync(0xffffffffu, pre16, 2 * i + (lane >> 4));
-      kva_cp_async_16_zfill(d0 + i * 1024, gc + (size_t)(uint32_t)max(u, 0) * 16, u < 0);
+    for (int i = 0; i < LIT; i++) {
+      const int u = __shfl_sync(0xffffffffu, pre16, RW * i + (lane >> CSH));
+      const uint32_t d = RPI % 8 == 0 ? d0 + i * RPI * 128 : (i & 1 ? d1 : d0) + (i >> 1) * 1024;
+      kva_cp_async_16_zfill(d, gc + (size_t)(uint32_t)max(u, 0) * 16, u < 0);
     }
   }
 }
 
+template <int D>
 static __device__ __forceinline__ void ws_issue_q(const kva_ext_args *a, uint32_t s_q, int q_row0,
                                                   int n_valid, int h, int p) {
+  constexpr int CSH = KVA_WS_CSH(D), RPI = 128 >> CSH;
   const unsigned char *qg = (const unsigned char *)a->q;
-  const int c = p & 15;
+  const int c = p & ((1 << CSH) - 1);
 #pragma unroll 1
-  for (int i = 0; i < 16; i++) {
-    const int row = (p >> 4) + 8 * i;
+  for (int i = 0; i < KVA_WS_BM / RPI; i++) {
+    const int row = (p >> CSH) + RPI * i;
     const int ok = row < n_valid;
     const unsigned char *src =
-        ok ? qg + (((int64_t)(q_row0 + row) * a->hq + h) * 128) * 2 + c * 16 : qg;
-    kva_cp_async_16(s_q + wg_sw128(row, c), src, ok ? 16 : 0);
+        ok ? qg + (((int64_t)(q_row0 + row) * a->hq + h) * D) * 2 + c * 16 : qg;
+    kva_cp_async_16(s_q + ws_sw<KVA_WS_BM>(row, c), src, ok ? 16 : 0);
   }
 }
 
 /* The producer warpgroup's loop (p = thread index in the warpgroup). */
+template <int D>
 static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint32_t s_q,
                                                 uint32_t s_k, uint32_t s_v, uint32_t s_bar,
                                                 volatile ext_item *its, int p) {
-  constexpr int D = 128, BM = KVA_WG_BM, BN = KVA_WG_BN, NS = KVA_WS_STAGES;
-  const int lane = p & 31, warp = p >> 5;
-  const int my_row = 2 * warp + (lane & 1) + 8 * (lane >> 1);
+  constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
+  constexpr int KVT = KVA_WS_KVTILE(D);
+  const int my_row = ws_my_row<D>(p);
   const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
   uint32_t t = 0; /* key tiles issued so far (ring position) */
   volatile int *const idx = (volatile int *)(its + 2); /* [2]: this round's item index */
@@ -130,7 +175,7 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
         if (p == 0) {
           ext_item_store(&its[round & 1], x);
         }
-        if (x.valid) ws_issue_q(ap, s_q, x.q_row0, x.n_valid, x.h, p);
+        if (x.valid) ws_issue_q<D>(ap, s_q, x.q_row0, x.n_valid, x.h, p);
         kva_cp_async_mbar_arrive_noinc(q_full);
         if (p == 0) kva_mbar_arrive(q_full); /* publishes the item (release) */
         if (x.ntiles == 0) break;
@@ -140,10 +185,10 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
       const uint32_t bk = ring + st * 32; /* k_full, k_empty, v_full, v_empty */
       kva_mbar_wait(bk + 8, par ^ 1u);
       const int full = x.kb + (n + 1) * BN <= x.kv_len; /* no slot is -1 */
-      ws_issue_tile(s_k + st * KVA_WG_TILE, pre, x.kg, slot_elems, full, p);
+      ws_issue_tile<D>(s_k + st * KVT, pre, x.kg, slot_elems, full, p);
       kva_cp_async_mbar_arrive_noinc(bk);
       kva_mbar_wait(bk + 24, par ^ 1u);
-      ws_issue_tile(s_v + st * KVA_WG_TILE, pre, x.vg, slot_elems, full, p);
+      ws_issue_tile<D>(s_v + st * KVT, pre, x.vg, slot_elems, full, p);
       kva_cp_async_mbar_arrive_noinc(bk + 16);
       t++;
       pre = n + 1 < x.ntiles ? ext_slot(x.pt, x.kb + (n + 1) * BN + my_row, x.kv_len,
@@ -164,20 +209,22 @@ static __device__ __forceinline__ void ws_turn_pass(int cw) {
   kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
 }
 
-template <int QT>
+template <int D, int QT>
 __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     kva_ext_ws_kernel(const __grid_constant__ kva_ext_args a) {
-  constexpr int D = 128, BN = KVA_WG_BN, NS = KVA_WS_STAGES;
-  static_assert(KVA_WG_BM == KVA_EXT_BM(128), "the tile schedule is shared with mma.sync");
+  constexpr int BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
+  constexpr int QTL = KVA_WS_QTILE(D), KVT = KVA_WS_KVTILE(D);
+  static_assert(D != 128 || KVA_WS_BM == KVA_EXT_BM(128), "d=128 tiles shared with mma.sync");
+  static_assert(D != 128 || (BN == KVA_WG_BN && KVT == KVA_WG_TILE), "d=128: the wgmma tiles");
   static_assert(KVA_WS_PROD_REGS + 2 * KVA_WS_CONS_REGS <= 512, "register file");
   extern __shared__ __align__(1024) unsigned char smem_ws[];
   const uint32_t s_raw = kva_smem_u32(smem_ws);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
   unsigned char *const p_base = smem_ws + (s_q - s_raw);
-  const uint32_t s_k = s_q + KVA_WG_TILE, s_v = s_k + NS * KVA_WG_TILE;
-  const uint32_t s_bar = s_v + NS * KVA_WG_TILE;
+  const uint32_t s_k = s_q + QTL, s_v = s_k + NS * KVT;
+  const uint32_t s_bar = s_v + NS * KVT;
   volatile ext_item *const its =
-      (volatile ext_item *)(p_base + KVA_WG_TILE * (1 + 2 * NS) + KVA_WS_BAR_BYTES);
+      (volatile ext_item *)(p_base + QTL + 2 * NS * KVT + KVA_WS_BAR_BYTES(D));
   const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
 
   const int tid = threadIdx.x;
@@ -196,14 +243,14 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int wg = wg_uni(tid >> 7);
   if (wg == 0) {
     kva_setmaxnreg_dec<KVA_WS_PROD_REGS>();
-    ws_producer(&a, s_q, s_k, s_v, s_bar, its, tid);
+    ws_producer<D>(&a, s_q, s_k, s_v, s_bar, its, tid);
     return;
   }
   kva_setmaxnreg_inc<KVA_WS_CONS_REGS>();
 
   const int lane = tid & 31, cw = wg - 1; /* consumer warpgroup 0 or 1 */
   const int row_w = 16 * ((tid >> 5) - 4); /* first tile row of the warp */
-  const uint32_t q_wg = s_q + 64 * cw * 128;
+  const uint32_t q_wg = s_q + 64 * cw * 128; /* its 64 rows in every column block */
   if (cw == 1) ws_turn_pass(1); /* consumer 0 issues first */
 
   uint32_t t = 0; /* key tiles consumed so far (ring position) */
@@ -213,14 +260,14 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     if (!wg_uni(it->valid)) break;
     const int ntiles = wg_uni(it->ntiles);
 
-    float o[64], m[2], l[2];
+    float o[D / 2], m[2], l[2];
 #pragma unroll
-    for (int i = 0; i < 64; i++) o[i] = 0.f;
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
 
     if (ntiles == 0) kva_mbar_arrive(q_empty);
-    uint32_t pk[16][2]; /* P of the tile whose P V is still to be issued */
+    uint32_t pk[BN / 8][2]; /* P of the tile whose P V is still to be issued */
     int have_p = 0;     /* ... whether there is one */
     /* the item's scalars, read once (smem) */
     const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len);
@@ -235,8 +282,8 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
                             (a.window_left >= 0 && k0 < p_hi - a.window_left);
       const int last = n == ntiles - 1;
-      float s[64];
-      uint32_t pn[16][2];
+      float s[BN / 2];
+      uint32_t pn[BN / 8][2];
       float alpha[2];
       int rescale;
       /* Straight-line wgmma sequences on each path (ptxas would otherwise
@@ -246,32 +293,32 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
         kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);     /* V_{n-1} landed */
         kva_fence_proxy_async_smem(); /* cp.async data (generic proxy) -> wgmma */
         ws_turn_wait(cw);
-        wg_issue_s<QT>(s, q_wg, s_k + st * KVA_WG_TILE);
-        wg_issue_pv<QT>(o, pk, s_v + sp * KVA_WG_TILE);
+        wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
+        wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
         ws_turn_pass(cw);
         kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
-        wg_fence_acc(s);
+        wg_fence_acc<BN / 2>(s);
         kva_mbar_arrive(bk + 8);          /* K stage free */
         kva_mbar_arrive_if(q_empty, last); /* Q free after the item's last S */
-        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
-                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
-        wg_finish_pv(o, pk, pn, m, l, alpha, rescale);
+        rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
+                                     a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+        wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
         rescale = 0;
         kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
       } else {
         kva_mbar_wait(bk, par);
         kva_fence_proxy_async_smem();
         ws_turn_wait(cw);
-        wg_issue_s<QT>(s, q_wg, s_k + st * KVA_WG_TILE);
+        wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
         ws_turn_pass(cw);
         kva_wgmma_wait<0>();
-        wg_fence_acc(s);
+        wg_fence_acc<BN / 2>(s);
         kva_mbar_arrive(bk + 8);
         kva_mbar_arrive_if(q_empty, last);
-        rescale = wg_softmax<QT>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
-                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+        rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
+                                     a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
       }
-      wg_keep_p(o, alpha, rescale, pk, pn);
+      wg_keep_p<D, BN>(o, alpha, rescale, pk, pn);
       have_p = 1;
       t++;
     }
@@ -279,9 +326,9 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       const uint32_t sp = (t - 1) % NS, bv = ring + sp * 32;
       kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);
       kva_fence_proxy_async_smem();
-      wg_issue_pv<QT>(o, pk, s_v + sp * KVA_WG_TILE);
+      wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
       kva_wgmma_wait<0>();
-      wg_fence_acc(o);
+      wg_fence_acc<D / 2>(o);
       kva_mbar_arrive(bv + 24);
     }
 
@@ -303,7 +350,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
               sum > 0.f ? (m[hf] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
         unsigned char *orow = og + (((int64_t)(q_row0 + row) * hq + qh) * D) * 2 + (lane & 3) * 4;
 #pragma unroll
-        for (int j = 0; j < 16; j++)
+        for (int j = 0; j < D / 8; j++)
           *(uint32_t *)(orow + j * 16) =
               ext_pack<QT>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
       }

@@ -5,11 +5,13 @@
 # collectives, named barriers, mbarriers, cp.async that lands late, wgmma by
 # descriptor with async-proxy visibility checks) and checks them against a
 # double-precision reference. Not part of the CMake build.
-#   bash tests/emu/build.sh && /tmp/kva_emu [case|-1] [random cases] [kernel] [d128 only]
-# kernel (d128 same-type KV cases): 0 mma.sync, 1 wgmma, 2 warp-specialized;
-# absent: random per case. d128 only = 1: every random case is d128 with
-# same-type KV, e.g. /tmp/kva_emu -1 300 2 1 runs 300 random cases on the
-# warp-specialized kernel (plus the fixed cases).
+#   bash tests/emu/build.sh && /tmp/kva_emu [case|-1] [random cases] [kernel] [dims]
+# kernel (same-type KV cases): 0 mma.sync, 1 wgmma (d128 only, others run
+# mma.sync), 2 warp-specialized (d64/128/256); absent: random per case.
+# dims: 1 = every random case is d128 with same-type KV, 64/128/256 = that
+# head dim, 2 = any of the three (same-type KV), e.g. /tmp/kva_emu -1 300 2 1
+# runs 300 random d128 cases on the warp-specialized kernel, /tmp/kva_emu -1
+# 300 2 256 300 at d256 (plus the fixed cases).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

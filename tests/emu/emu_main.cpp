@@ -18,8 +18,8 @@ template <int D, int QT, int KV8>
 static void body() { kva_ext_kernel<D, QT, KV8>(g_args); }
 template <int QT>
 static void body_wg() { kva_ext_wg_kernel<QT>(g_args); }
-template <int QT>
-static void body_ws() { kva_ext_ws_kernel<QT>(g_args); }
+template <int D, int QT>
+static void body_ws() { kva_ext_ws_kernel<D, QT>(g_args); }
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t rnd() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
@@ -30,13 +30,13 @@ struct Case {
   float softcap, sm_scale;
   std::vector<int> cached, nnew;
   int zero_first = 0; /* kernel sees kv_len 0 for request 0: no key tile at all */
-  int wg = 0; /* d128, same-type KV: 1 runs the wgmma kernel, 2 the warp-specialized one */
+  int wg = 0; /* same-type KV: 1 runs the wgmma kernel (d128), 2 the warp-specialized one (any d) */
 };
 
 static int run_case(const Case &c, int idx) {
   const int D = c.D, B = (int)c.nnew.size();
-  const int bm = KVA_EXT_BM(D);
-  const int use_wg = c.wg && D == 128 && !c.kv8 ? c.wg : 0;
+  const int use_wg = c.wg == 2 && !c.kv8 ? 2 : c.wg == 1 && D == 128 && !c.kv8 ? 1 : 0;
+  const int bm = use_wg == 2 ? KVA_WS_BM : KVA_EXT_BM(D); /* the plan's tile rows */
   std::vector<int> kvlen(B), cu(B + 1, 0);
   int maxpages = 1;
   for (int r = 0; r < B; r++) {
@@ -143,14 +143,16 @@ static int run_case(const Case &c, int idx) {
   a.o_mul = vs;
   a.causal = c.causal; a.window_left = c.window;
 
-  emu_smem_limit = use_wg == 2 ? KVA_WS_SMEM : use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
+  emu_smem_limit = use_wg == 2 ? KVA_WS_SMEM(D) : use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
   void (*fn)(void) = NULL;
 #define PICK(d)                                                                         \
   if (D == d) fn = c.qt == KVA_F16 ? (c.kv8 ? body<d, KVA_F16, 1> : body<d, KVA_F16, 0>) \
                                    : (c.kv8 ? body<d, KVA_BF16, 1> : body<d, KVA_BF16, 0>);
   PICK(64) PICK(128) PICK(256)
   if (use_wg == 1) fn = c.qt == KVA_F16 ? body_wg<KVA_F16> : body_wg<KVA_BF16>;
-  if (use_wg == 2) fn = c.qt == KVA_F16 ? body_ws<KVA_F16> : body_ws<KVA_BF16>;
+#define PICK_WS(d) \
+  if (use_wg == 2 && D == d) fn = c.qt == KVA_F16 ? body_ws<d, KVA_F16> : body_ws<d, KVA_BF16>;
+  PICK_WS(64) PICK_WS(128) PICK_WS(256)
   emu_run_grid(fn, c.grid,
                use_wg == 2 ? KVA_WS_THREADS : use_wg ? KVA_WG_THREADS : KVA_EXT_THREADS);
 
@@ -240,13 +242,20 @@ int main(int argc, char **argv) {
   cases.push_back({128, KVA_F16, 0, 7, 4, 2, 0, -1, 3, 0.f, 0.f, {300, 500}, {130, 70}});
   { Case z = {128, KVA_BF16, 0, 16, 2, 1, 1, -1, 1, 0.f, 0.f, {0, 40, 0}, {20, 100, 150}}; z.zero_first = 1; cases.push_back(z); }
   { Case z = {128, KVA_F16, 1, 16, 2, 1, 0, -1, 2, 0.f, 0.f, {0, 0}, {300, 100}}; z.zero_first = 1; cases.push_back(z); }
+  /* d64 / d256 long key ranges (the rings wrap within an item), GQA 4:1 and MQA */
+  cases.push_back({64, KVA_BF16, 0, 16, 4, 1, 1, -1, 2, 0.f, 0.f, {900, 13}, {150, 140}});
+  cases.push_back({256, KVA_F16, 0, 64, 4, 2, 1, -1, 2, 0.f, 0.f, {333}, {200}});
+  cases.push_back({64, KVA_F16, 0, 1, 2, 1, 0, 100, 3, 0.f, 0.f, {250, 0}, {129, 127}});
+  cases.push_back({256, KVA_BF16, 0, 13, 2, 1, 1, 90, 1, 20.f, 0.f, {150, 64}, {130, 64}});
+  { Case z = {64, KVA_F16, 0, 5, 2, 1, 1, -1, 1, 0.f, 0.f, {0, 40, 0}, {20, 300, 150}}; z.zero_first = 1; cases.push_back(z); }
+  { Case z = {256, KVA_BF16, 0, 16, 2, 1, 0, -1, 2, 0.f, 0.f, {0, 70}, {140, 100}}; z.zero_first = 1; cases.push_back(z); }
   { /* the d128 same-type fixed cases again on the wgmma kernel */
     size_t nfix = cases.size();
     for (size_t i = 0; i < nfix; i++)
       if (cases[i].D == 128 && !cases[i].kv8) { Case w = cases[i]; w.wg = 1; cases.push_back(w); }
-    /* ... and on the warp-specialized kernel */
+    /* ... and every same-type fixed case on the warp-specialized kernel */
     for (size_t i = 0; i < nfix; i++)
-      if (cases[i].D == 128 && !cases[i].kv8) { Case w = cases[i]; w.wg = 2; cases.push_back(w); }
+      if (!cases[i].kv8) { Case w = cases[i]; w.wg = 2; cases.push_back(w); }
   }
   /* random sweep */
   const int nrand = argc > 2 ? atoi(argv[2]) : 60;
@@ -270,8 +279,10 @@ int main(int argc, char **argv) {
       c.nnew.push_back(rnd() % 5 == 0 ? 1 + (int)(rnd() % 8) : 9 + (int)(rnd() % 170));
     }
     c.wg = argc > 3 ? atoi(argv[3]) : (int)(rnd() % 3);
-    if (argc > 4 && atoi(argv[4])) { /* only cases the chosen d128 kernel runs */
-      c.D = 128;
+    const int only_d = argc > 4 ? atoi(argv[4]) : 0;
+    if (only_d) { /* only same-type KV cases (the wgmma kernels'): 1 = d128, 64/128/256
+                   * = that head dim, 2 = any of the three */
+      c.D = only_d == 1 ? 128 : only_d == 2 ? c.D : only_d;
       c.kv8 = 0;
     }
     cases.push_back(c);

@@ -76,6 +76,8 @@ struct Warp {
   uint32_t out[32][64];
 };
 static Warp warps[NTH_MAX / 32];
+/* wgmma N from the issue flags (see wg_execute) */
+static int emu_wg_n(uint32_t fl) { return (fl & 32u) ? 256 : 128 >> ((fl >> 3) & 3); }
 
 /* wgmma in flight: operands are read when the group completes (wait_group),
  * and they must be unchanged since the issue (checked), like on hardware. */
@@ -85,7 +87,7 @@ struct WgOp {
   uint64_t da, db;
   float *d[32];
   const uint32_t *a[32];
-  float d0[32][64];
+  float d0[32][128];
   uint32_t a0[32][4];
   uint64_t issue_stamp;
 };
@@ -182,7 +184,7 @@ static void compute(Warp &W) {
       WgQueue &q = wgq[&W - warps];
       WgOp op;
       memcpy(&op.flags, &W.in[0][72], 4);
-      const int dbytes = 2 * (128 >> ((op.flags >> 3) & 3)); /* bits 3-4: N = 128 >> n */
+      const int dbytes = 2 * emu_wg_n(op.flags); /* N / 2 accumulators of 4 bytes */
       op.da = W.in[0][68] | ((uint64_t)W.in[0][69] << 32);
       op.db = W.in[0][70] | ((uint64_t)W.in[0][71] << 32);
       for (int t = 0; t < 32; t++) {
@@ -553,9 +555,10 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
 
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
-       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n; 73 warp in group */
+       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256);
+       * 73 warp in group */
       const uint32_t fl = op.flags;
-      const int N = 128 >> ((fl >> 3) & 3);
+      const int N = emu_wg_n(fl);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
@@ -576,7 +579,7 @@ static void wg_execute(Warp &W, WgOp &op) {
         }
         uint16_t h; memcpy(&h, smem + a, 2); return h2f(h, bf); };
       if ((db >> 62) != 1 || (!rs && (da >> 62) != 1)) { fprintf(stderr, "wgmma: not 128B swizzle\n"); abort(); }
-      float A[16][16], B[16][128];
+      float A[16][16], B[16][256];
       if (rs) {
         for (int t = 0; t < 32; t++) {
           int g = t >> 2, q = t & 3;
@@ -602,7 +605,7 @@ static void wg_execute(Warp &W, WgOp &op) {
             B[k][n] = rd(swz(a));
           }
       }
-      static float Dout[32][64];
+      static float Dout[32][128];
       for (int t = 0; t < 32; t++) {
         int g = t >> 2, q = t & 3;
         for (int j = 0; j < N / 8; j++)
@@ -621,7 +624,7 @@ static void wg_execute(Warp &W, WgOp &op) {
  * chunk was written, or by the thread that wrote it (then synchronized). */
 static void wg_check_visible(Warp &W, const WgOp &op) {
   const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
-  const int N = 128 >> ((op.flags >> 3) & 3);
+  const int N = emu_wg_n(op.flags);
   uint64_t fence = UINT64_MAX;
   for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
   auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
@@ -664,5 +667,9 @@ void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scal
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
+void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 8u); }
+void kva_wgmma_m64n64k16_rs_f16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 8u); }
+void kva_wgmma_m64n256k16_rs_bf16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 32u); }
+void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 32u); }
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
 void emu_wgmma_wait(int n) { warps[cur / 32].in[cur & 31][0] = (uint32_t)n; collective(OP_WG_WAIT); }
