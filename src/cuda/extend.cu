@@ -13,7 +13,8 @@
 #define EXT_HDR_INTS 4
 
 typedef struct kva_ext_plan {
-  int bm;            /* query rows per tile of the schedule; 0: no tensor-core head dim */
+  int bm; /* query rows per tile of the schedule; 0: no tensor-core head dim. mma.sync's
+           * KVA_EXT_BM(d), or KVA_WS_TILE_ROWS where the plan's pool runs the ws kernel */
   int cap_tiles;     /* capacity of the tile list */
   int num_tiles;     /* host copy of the last uploaded count */
   int32_t *d_buf;    /* device block */
@@ -24,8 +25,9 @@ typedef struct kva_ext_plan {
   int grid[3][4]; /* persistent grid per (head dim, Q type, fp8), sized at first use */
   int wgmma;      /* d=128 16-bit KV: the wgmma kernel (KVA_EXTEND_KERNEL=wgmma) */
   int grid_wg[2];
-  int ws;         /* ... the warp-specialized one (default, KVA_EXTEND_KERNEL=ws); neither: mma.sync */
-  int grid_ws[2];
+  int ws;         /* d=64/128/256 16-bit KV: the warp-specialized one (default,
+                   * KVA_EXTEND_KERNEL=ws); neither: mma.sync */
+  int grid_ws[3][2];
 } kva_ext_plan;
 
 static kva_ext_plan *ext_plan_of(const kva_plan *plan) {
@@ -35,6 +37,15 @@ static kva_ext_plan *ext_plan_of(const kva_plan *plan) {
 
 static int ext_bm_for(int head_dim) {
   return (head_dim == 64 || head_dim == 128 || head_dim == 256) ? KVA_EXT_BM(head_dim) : 0;
+}
+
+/* The ws kernel takes a pool's layers (16-bit KV at a tensor-core head dim)
+ * if its producer can address a layer's K/V in 32-bit 16-byte units. */
+static int ext_ws_pool(const kva_pool_config *pc) {
+  const int64_t layer_units =
+      (int64_t)pc->num_pages * pc->page_size * pc->num_kv_heads * pc->head_dim * 2 / 16;
+  return ext_bm_for(pc->head_dim) != 0 && pc->kv_dtype != KVA_FP8_E4M3 &&
+         layer_units <= INT32_MAX;
 }
 
 void kva_cuda_extend_plan_free(kva_plan *plan) {
@@ -59,12 +70,15 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
   cp->extend_plan = ep;
   ep->bm = ext_bm_for(plan->pool->cfg.head_dim);
   {
-    /* d=128 16-bit KV kernel, read once and kept in the plan: ws (default),
-     * wgmma or mma (for comparison and as fallbacks) */
+    /* 16-bit KV kernel, read once and kept in the plan: ws (default), wgmma
+     * (d=128; mma.sync at d=64/256) or mma (for comparison and as fallbacks) */
     const char *env = getenv("KVA_EXTEND_KERNEL");
     ep->ws = env == NULL || env[0] == '\0' || strcmp(env, "ws") == 0;
     ep->wgmma = env != NULL && strcmp(env, "wgmma") == 0;
   }
+  /* the ws kernel's tiles are 128 query rows at every head dim (mma.sync's
+   * at d=256: 64), so the schedule follows the kernel the plan's pool gets */
+  if (ep->ws && ext_ws_pool(&plan->pool->cfg)) ep->bm = KVA_WS_TILE_ROWS;
   if (ep->bm == 0) return KVA_OK; /* every extend request goes to the fallback */
   /* Tiles <= sum over extend requests of ceil(n / bm) <= max_q / bm + #extend,
    * and an extend request has more than KVA_MAX_DECODE_Q tokens. */
@@ -136,9 +150,12 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   const int kv8 = pc->kv_dtype == KVA_FP8_E4M3;
   /* 16-byte cp.async / vector stores need 16-byte aligned Q and O rows */
   const int aligned = (((uintptr_t)q | (uintptr_t)o) & 15u) == 0;
+  /* the plan's schedule must be the chosen kernel's: ws (KVA_WS_TILE_ROWS)
+   * or mma.sync / wgmma (KVA_EXT_BM(d); the same at d=64/128) */
+  const int ws = ep && ep->ws && ep->bm == KVA_WS_TILE_ROWS && ext_ws_pool(pc);
   const int tensor_cores =
-      ep && ep->bm != 0 && ep->bm == ext_bm_for(d) && pc->layout == KVA_LAYOUT_MHA && aligned &&
-      (dtype == KVA_F16 || dtype == KVA_BF16) && (pc->kv_dtype == dtype || kv8);
+      ep && ep->bm != 0 && (ws || ep->bm == ext_bm_for(d)) && pc->layout == KVA_LAYOUT_MHA &&
+      aligned && (dtype == KVA_F16 || dtype == KVA_BF16) && (pc->kv_dtype == dtype || kv8);
   if (!tensor_cores)
     return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 1);
   if (ep->num_tiles == 0) return KVA_OK;
@@ -163,13 +180,20 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   KVA_CUDA_FILL_ATTN_ARGS(a, plan, pool, layer, params);
 
   const int max_items = ep->cap_tiles * a.hq;
-  /* the ws producer addresses a layer's K/V in 32-bit 16-byte units */
-  const int64_t layer_units =
-      (int64_t)pc->num_pages * pc->page_size * pc->num_kv_heads * pc->head_dim * 2 / 16;
-  if (ep->ws && d == 128 && !kv8 && layer_units <= INT32_MAX) {
+  if (ws) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
-    return kva_ext_launch_ws(&a, dtype, cs->num_sms, max_items, ep->grid_ws, cs->stream);
+    switch (d) {
+      case 64:
+        return kva_ext_launch_ws_d64(&a, dtype, cs->num_sms, max_items, ep->grid_ws[0],
+                                     cs->stream);
+      case 128:
+        return kva_ext_launch_ws_d128(&a, dtype, cs->num_sms, max_items, ep->grid_ws[1],
+                                      cs->stream);
+      default:
+        return kva_ext_launch_ws_d256(&a, dtype, cs->num_sms, max_items, ep->grid_ws[2],
+                                      cs->stream);
+    }
   }
   if (ep->wgmma && d == 128 && !kv8)
     return kva_ext_launch_wgmma(&a, dtype, cs->num_sms, max_items, ep->grid_wg, cs->stream);
