@@ -21,7 +21,7 @@
  * is over, without waiting for the other one (S of a block, the only
  * cross-half use, completes before P is published). Each half lands on its
  * own mbarrier (cp.async.mbarrier.arrive.noinc, 128 arrivals); Q on one
- * more (256). Block i+1 is issued at the start of block i. */
+ * more (256). Block i+1 is issued during block i (the owner: under its S). */
 #ifndef KVA_CUDA_MLA_KERNEL_V3_CUH
 #define KVA_CUDA_MLA_KERNEL_V3_CUH
 
@@ -123,12 +123,16 @@ template <int QT>
 static __device__ __forceinline__ void mla3_own(float o[2][64], float m[2], float l[2],
                                                 const int pos[2], int kt, int k1, int cached,
                                                 const kva_mla_args &a, uint32_t s_q, uint32_t s_k,
-                                                uint32_t s_p, unsigned char *p_p, float *sc,
-                                                float *sm, int bar, int wg, int wq, int g,
-                                                int tq) {
+                                                unsigned char *p_p, float *sc, float *sm,
+                                                int bar, int wg, int wq, int g, int tq,
+                                                int load, uint32_t ld_dst, uint32_t ld_bar,
+                                                const unsigned char *kvg, const int32_t *pt,
+                                                int tw) {
   constexpr int NJ = KVA_MLA3_BN / 8;
   float s[4 * NJ];
   mla3_issue_s<QT>(s, s_q, s_k);
+  /* this warpgroup's half of the next block (the other stage), under S */
+  if (load) mla3_issue_half(ld_dst, ld_bar, kvg, pt, kt + KVA_MLA3_BN, k1, a, wg, tw);
   kva_wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
@@ -186,7 +190,6 @@ static __device__ __forceinline__ void mla3_own(float o[2][64], float m[2], floa
   }
   kva_fence_proxy_async_smem(); /* P: generic stores -> the other warpgroup's wgmma */
   kva_bar_arrive(bar, KVA_MLA_THREADS);
-  (void)s_p;
 
   /* O[:, 256 wg ..] = O alpha + P V (P from registers) */
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) mla3_scale_o(o, alpha);
@@ -314,18 +317,18 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
        * are over in all four warps (each waited only for its own part of
        * the wgmmas): its half of block it+1 goes there */
       if (it > 0) kva_bar_sync(3 + wg, KVA_MLA_THREADS / 2);
-      if (it + 1 < ntiles)
-        mla3_issue_half(s_kv + (st ^ 1) * TILE, s_bar + 8 * (1 + 2 * (st ^ 1) + wg), kvg, pt,
-                        k0 + (it + 1) * BN, k1, a, wg, tw);
+      const int load = it + 1 < ntiles;
+      const uint32_t ld_dst = s_kv + (st ^ 1) * TILE, ld_bar = s_bar + 8 * (1 + 2 * (st ^ 1) + wg);
       const uint32_t s_k = s_kv + st * TILE;
       if (st == wg) {
         kva_mbar_wait(s_bar, (uint32_t)(nq & 1));
         kva_mbar_wait(s_bar + 8 * (1 + 2 * st), (uint32_t)((gi >> 1) & 1));
         kva_mbar_wait(s_bar + 8 * (2 + 2 * st), (uint32_t)((gi >> 1) & 1));
         kva_fence_proxy_async_smem(); /* cp.async data -> wgmma */
-        mla3_own<QT>(o, m, l, pos, k0 + it * BN, k1, cached, a, s_q, s_k, s_p, p_p, sc, sm,
-                     1 + st, wg, wq, g, tq);
+        mla3_own<QT>(o, m, l, pos, k0 + it * BN, k1, cached, a, s_q, s_k, p_p, sc, sm, 1 + st,
+                     wg, wq, g, tq, load, ld_dst, ld_bar, kvg, pt, tw);
       } else {
+        if (load) mla3_issue_half(ld_dst, ld_bar, kvg, pt, k0 + (it + 1) * BN, k1, a, wg, tw);
         mla3_other<QT>(o, m, l, s_k, s_p, sc, sm, 1 + st, wg, wq, g);
       }
     }
