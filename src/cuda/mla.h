@@ -45,14 +45,14 @@ extern "C" {
 /* v3 (mla_kernel_v3.cuh, 16-bit latents only): 64-key blocks, two stages
  * of [9][64 rows][128 B]; P of one block shared through smem ([64][128 B],
  * swizzled), per-row rescale factor and running max, the two warpgroups'
- * row sums, mbarriers (Q, stage x half), flags. */
+ * row sums, mbarriers (Q, stage x column block), flags. */
 #define KVA_MLA3_BN 64
 #define KVA_MLA3_TILE (KVA_MLA_D / 64 * KVA_MLA3_BN * 128) /* 73728 */
 #define KVA_MLA3_P (KVA_MLA_BM * 128)                     /* 8192 */
 #define KVA_MLA3_STATS (4 * KVA_MLA_BM * 4)               /* scale, max, l[2]: 1024 */
-#define KVA_MLA3_BARS 48                                  /* 5 mbarriers + flag */
+#define KVA_MLA3_BARS 160 /* 19 mbarriers (Q; stage x 9 column blocks) + flag */
 #define KVA_MLA3_SMEM \
-  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA3_TILE + KVA_MLA3_P + KVA_MLA3_STATS + KVA_MLA3_BARS) /* 231472 */
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA3_TILE + KVA_MLA3_P + KVA_MLA3_STATS + KVA_MLA3_BARS) /* 231584 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

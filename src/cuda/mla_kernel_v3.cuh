@@ -19,9 +19,10 @@
  * w = 0: its V half; 4..8 for w = 1: its V half and the 64 rope columns),
  * so a warpgroup reloads its half as soon as its own last use of the block
  * is over, without waiting for the other one (S of a block, the only
- * cross-half use, completes before P is published). Each half lands on its
- * own mbarrier (cp.async.mbarrier.arrive.noinc, 128 arrivals); Q on one
- * more (256). Block i+1 is issued during block i (the owner: under its S). */
+ * cross-half use, completes before P is published). Each 64-column block
+ * of a stage lands on its own mbarrier (cp.async.mbarrier.arrive.noinc, 128
+ * arrivals) and S waits for each just before its k-steps; Q on one more
+ * (256). Block i+1 is issued at the start of block i. */
 #ifndef KVA_CUDA_MLA_KERNEL_V3_CUH
 #define KVA_CUDA_MLA_KERNEL_V3_CUH
 
@@ -47,38 +48,39 @@ static __device__ __forceinline__ void mla3_mma_pv_ss(float d[64], uint64_t da, 
 /* cp.async of half `half` of the 64-key block at kt into the stage at dst
  * by the 128 threads of warpgroup `half` (tw: thread in the warpgroup): 8
  * threads per row (128 contiguous bytes), rows tw / 8 + 16 p; keys at or
- * past k1 zero-filled (masked P * V stays finite). Then this thread's
- * arrival on the half's mbarrier once its copies landed. */
-static __device__ __forceinline__ void mla3_issue_half(uint32_t dst, uint32_t bar,
+ * past k1 zero-filled (masked P * V stays finite). Column block by column
+ * block, each followed by this thread's arrival on that block's mbarrier
+ * (bar0 + 8 k) once its copies so far landed: S starts on the first
+ * column blocks while the later ones still stream in. */
+static __device__ __forceinline__ void mla3_issue_half(uint32_t dst, uint32_t bar0,
                                                        const unsigned char *kv, const int32_t *pt,
                                                        int kt, int k1, const kva_mla_args &a,
                                                        int half, int tw) {
+  const unsigned char *src[KVA_MLA3_BN / 16];
+  int bytes[KVA_MLA3_BN / 16];
 #pragma unroll
   for (int p = 0; p < KVA_MLA3_BN / 16; p++) {
-    const int row = (tw >> 3) + 16 * p, slot = mla_slot(pt, kt + row, k1, a);
-    const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D * 2 : 0);
-    const int bytes = slot >= 0 ? 16 : 0;
-    if (half == 0) {
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        const int c = (tw & 7) + 8 * i;
-        kva_cp_async_16(dst + mla_sw<KVA_MLA3_BN>(row, c), src + c * 16, bytes);
-      }
-    } else {
-#pragma unroll
-      for (int i = 4; i < 9; i++) {
-        const int c = (tw & 7) + 8 * i;
-        kva_cp_async_16(dst + mla_sw<KVA_MLA3_BN>(row, c), src + c * 16, bytes);
-      }
-    }
+    const int slot = mla_slot(pt, kt + (tw >> 3) + 16 * p, k1, a);
+    src[p] = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D * 2 : 0) + (tw & 7) * 16;
+    bytes[p] = slot >= 0 ? 16 : 0;
   }
-  kva_cp_async_mbar_arrive_noinc(bar);
+  const int kb0 = half ? 4 : 0, kb1 = half ? 9 : 4;
+#pragma unroll
+  for (int k = kb0; k < kb1; k++) {
+#pragma unroll
+    for (int p = 0; p < KVA_MLA3_BN / 16; p++)
+      kva_cp_async_16(dst + mla_sw<KVA_MLA3_BN>((tw >> 3) + 16 * p, (tw & 7) + 8 * k),
+                      src[p] + k * 128, bytes[p]);
+    kva_cp_async_mbar_arrive_noinc(bar0 + 8 * k);
+  }
 }
 
-/* S = Q K^T of the block at s_k (36 k-steps of 16 dims), issued and
- * committed as one group. */
+/* S = Q K^T of the block at s_k (36 k-steps of 16 dims), issued column
+ * block by column block as each lands (the two warpgroups' blocks
+ * alternately, roughly their landing order), committed as one group. */
 template <int QT>
-static __device__ __forceinline__ void mla3_issue_s(float s[32], uint32_t s_q, uint32_t s_k) {
+static __device__ __forceinline__ void mla3_issue_s(float s[32], uint32_t s_q, uint32_t s_k,
+                                                    uint32_t bar0, uint32_t parity) {
 #pragma unroll
   for (int i = 0; i < 32; i++) {
     s[i] = 0.0f;
@@ -87,10 +89,16 @@ static __device__ __forceinline__ void mla3_issue_s(float s[32], uint32_t s_q, u
   const uint64_t dq = mla_desc(s_q, 16, 1024), dk = mla_desc(s_k, 16, 1024);
   kva_wgmma_fence();
 #pragma unroll
-  for (int kb = 0; kb < KVA_MLA_D / 16; kb++) {
-    const uint32_t qo = (uint32_t)((kb >> 2) * KVA_MLA_QBLK + (kb & 3) * 32);
-    const uint32_t ko = (uint32_t)((kb >> 2) * KVA_MLA3_KBLK + (kb & 3) * 32);
-    mla3_mma_s<QT>(s, dq + (qo >> 4), dk + (ko >> 4), kb > 0);
+  for (int i = 0; i < 9; i++) {
+    const int k = i == 8 ? 8 : (i >> 1) + 4 * (i & 1); /* 0 4 1 5 2 6 3 7 8 */
+    kva_mbar_wait(bar0 + 8 * k, parity);
+    kva_fence_proxy_async_smem(); /* cp.async data -> wgmma */
+#pragma unroll
+    for (int t = 0; t < 4; t++) {
+      const uint32_t qo = (uint32_t)(k * KVA_MLA_QBLK + t * 32);
+      const uint32_t ko = (uint32_t)(k * KVA_MLA3_KBLK + t * 32);
+      mla3_mma_s<QT>(s, dq + (qo >> 4), dk + (ko >> 4), i > 0 || t > 0);
+    }
   }
   kva_wgmma_commit();
 }
@@ -125,14 +133,10 @@ static __device__ __forceinline__ void mla3_own(float o[2][64], float m[2], floa
                                                 const kva_mla_args &a, uint32_t s_q, uint32_t s_k,
                                                 unsigned char *p_p, float *sc, float *sm,
                                                 int bar, int wg, int wq, int g, int tq,
-                                                int load, uint32_t ld_dst, uint32_t ld_bar,
-                                                const unsigned char *kvg, const int32_t *pt,
-                                                int tw) {
+                                                uint32_t bar0, uint32_t parity) {
   constexpr int NJ = KVA_MLA3_BN / 8;
   float s[4 * NJ];
-  mla3_issue_s<QT>(s, s_q, s_k);
-  /* this warpgroup's half of the next block (the other stage), under S */
-  if (load) mla3_issue_half(ld_dst, ld_bar, kvg, pt, kt + KVA_MLA3_BN, k1, a, wg, tw);
+  mla3_issue_s<QT>(s, s_q, s_k, bar0, parity);
   kva_wgmma_wait<0>();
 #pragma unroll
   for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
@@ -260,8 +264,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   float *const sc = (float *)(p_p + KVA_MLA3_P); /* [64] rescale factors */
   float *const sm = sc + KVA_MLA_BM;             /* [64] row max */
   float *const sl = sm + KVA_MLA_BM;             /* [2][64] row sums */
-  const uint32_t s_bar = s_p + KVA_MLA3_P + KVA_MLA3_STATS; /* Q, then stage s half h at 8 (1 + 2 s + h) */
-  volatile int *const flag = (volatile int *)(p_p + KVA_MLA3_P + KVA_MLA3_STATS + 40);
+  /* mbarriers: Q, then stage s column block k at 8 (1 + 9 s + k) */
+  const uint32_t s_bar = s_p + KVA_MLA3_P + KVA_MLA3_STATS;
+  volatile int *const flag = (volatile int *)(p_p + KVA_MLA3_P + KVA_MLA3_STATS + 152);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -276,7 +281,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   if (tid == 0) {
     kva_mbar_init(s_bar, KVA_MLA_THREADS);
 #pragma unroll
-    for (int i = 1; i < 5; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
+    for (int i = 1; i < 19; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
   }
   __syncthreads(); /* the inits are seen by every thread */
 
@@ -298,8 +303,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     if (ntiles > 0) { /* Q (all threads), block 0 (each warpgroup its half) */
       mla_issue_q(s_q, a, tok0, row0, rows, tid);
       kva_cp_async_mbar_arrive_noinc(s_bar);
-      mla3_issue_half(s_kv + (gb & 1) * TILE, s_bar + 8 * (1 + 2 * (gb & 1) + wg), kvg, pt, k0,
-                      k1, a, wg, tw);
+      mla3_issue_half(s_kv + (gb & 1) * TILE, s_bar + 8 * (1 + 9 * (gb & 1)), kvg, pt, k0, k1, a,
+                      wg, tw);
     }
 
     int pos[2];
@@ -317,18 +322,15 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
        * are over in all four warps (each waited only for its own part of
        * the wgmmas): its half of block it+1 goes there */
       if (it > 0) kva_bar_sync(3 + wg, KVA_MLA_THREADS / 2);
-      const int load = it + 1 < ntiles;
-      const uint32_t ld_dst = s_kv + (st ^ 1) * TILE, ld_bar = s_bar + 8 * (1 + 2 * (st ^ 1) + wg);
+      if (it + 1 < ntiles)
+        mla3_issue_half(s_kv + (st ^ 1) * TILE, s_bar + 8 * (1 + 9 * (st ^ 1)), kvg, pt,
+                        k0 + (it + 1) * BN, k1, a, wg, tw);
       const uint32_t s_k = s_kv + st * TILE;
       if (st == wg) {
-        kva_mbar_wait(s_bar, (uint32_t)(nq & 1));
-        kva_mbar_wait(s_bar + 8 * (1 + 2 * st), (uint32_t)((gi >> 1) & 1));
-        kva_mbar_wait(s_bar + 8 * (2 + 2 * st), (uint32_t)((gi >> 1) & 1));
-        kva_fence_proxy_async_smem(); /* cp.async data -> wgmma */
+        kva_mbar_wait(s_bar, (uint32_t)(nq & 1)); /* Q */
         mla3_own<QT>(o, m, l, pos, k0 + it * BN, k1, cached, a, s_q, s_k, p_p, sc, sm, 1 + st,
-                     wg, wq, g, tq, load, ld_dst, ld_bar, kvg, pt, tw);
+                     wg, wq, g, tq, s_bar + 8 * (1 + 9 * st), (uint32_t)((gi >> 1) & 1));
       } else {
-        if (load) mla3_issue_half(ld_dst, ld_bar, kvg, pt, k0 + (it + 1) * BN, k1, a, wg, tw);
         mla3_other<QT>(o, m, l, s_k, s_p, sc, sm, 1 + st, wg, wq, g);
       }
     }
