@@ -1,7 +1,8 @@
 /* MLA decode on the CUDA backend: the plan's decode requests on the wgmma
  * kernel (mla_kernel.cuh), which also merges the chunks of split requests;
  * f32 Q/O, Q of another 16-bit type than the pool, or unaligned Q/O run
- * on the CUDA-core kernel (simple_attention.cu). Launch shapes come from
+ * on the CUDA-core kernel (simple_attention.cu). Kernels v1, v2 (default)
+ * and v3 (mla_kernel_v3.cuh) by KVA_MLA_KERNEL. Launch shapes come from
  * plan capacities only (max_q_tokens, num_workers), never from the batch, so
  * the same launch replays under CUDA graphs. */
 #include <string.h>
@@ -9,12 +10,21 @@
 #include <stdlib.h>
 
 #include "cuda/mla_kernel_v1.cuh"
+#include "cuda/mla_kernel_v3.cuh"
 
+/* ver: 1, 2 or 3 (3: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
-static kva_status mla_launch(const kva_mla_args *a, int v1, unsigned gx, unsigned gy,
+static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
                              cudaStream_t s) {
-  const int smem = v1 ? KVA_MLA1_SMEM(KV8) : KVA_MLA_SMEM(KV8);
-  void (*const fn)(kva_mla_args) = v1 ? kva_mla_kernel_v1<QT, KV8> : kva_mla_kernel<QT, KV8>;
+  int smem = KVA_MLA_SMEM(KV8);
+  void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
+  if (ver == 1) {
+    smem = KVA_MLA1_SMEM(KV8);
+    fn = kva_mla_kernel_v1<QT, KV8>;
+  } else if (ver == 3 && !KV8) {
+    smem = KVA_MLA3_SMEM;
+    fn = kva_mla_kernel_v3<QT>;
+  }
   /* per call: the attribute is per device, and a context may be on any */
   KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   /* a programmatic dependent of the kernel before it (the KV store, the
@@ -34,21 +44,22 @@ static kva_status mla_launch(const kva_mla_args *a, int v1, unsigned gx, unsigne
   return KVA_OK;
 }
 
-extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int v1,
+extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver,
                                      unsigned gx, unsigned gy, cudaStream_t stream) {
   if (qt == KVA_F16)
-    return kv8 ? mla_launch<KVA_F16, 1>(a, v1, gx, gy, stream)
-               : mla_launch<KVA_F16, 0>(a, v1, gx, gy, stream);
-  return kv8 ? mla_launch<KVA_BF16, 1>(a, v1, gx, gy, stream)
-             : mla_launch<KVA_BF16, 0>(a, v1, gx, gy, stream);
+    return kv8 ? mla_launch<KVA_F16, 1>(a, ver, gx, gy, stream)
+               : mla_launch<KVA_F16, 0>(a, ver, gx, gy, stream);
+  return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, gx, gy, stream)
+             : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v1 selects the first (unpipelined) kernel, for A/B. */
-static int mla_use_v1(void) {
-  static int v = -1; /* read once: launches are replayed under CUDA graphs */
-  if (v < 0) {
+/* KVA_MLA_KERNEL=v1|v2|v3 selects the kernel (default v2), for A/B; v3
+ * runs 16-bit latents only (fp8 pools stay on v2). */
+static int mla_kernel_version(void) {
+  static int v = 0; /* read once: launches are replayed under CUDA graphs */
+  if (v == 0) {
     const char *env = getenv("KVA_MLA_KERNEL");
-    v = env != NULL && strcmp(env, "v1") == 0;
+    v = env != NULL && strcmp(env, "v1") == 0 ? 1 : env != NULL && strcmp(env, "v3") == 0 ? 3 : 2;
   }
   return v;
 }
@@ -99,6 +110,8 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
-  return kva_mla_launch(&a, dtype, kv8, mla_use_v1(), (unsigned)plan->cfg.num_workers, (unsigned)tiles,
+  int ver = mla_kernel_version();
+  if (ver == 3 && (kv8 || KVA_MLA3_SMEM > cs->max_smem_optin)) ver = 2;
+  return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);
 }

@@ -42,6 +42,18 @@ extern "C" {
 #define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
 #define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */
 
+/* v3 (mla_kernel_v3.cuh, 16-bit latents only): 64-key blocks, two stages
+ * of [9][64 rows][128 B]; P of one block shared through smem ([64][128 B],
+ * swizzled), per-row rescale factor and running max, the two warpgroups'
+ * row sums, mbarriers (Q, stage x column block), flags. */
+#define KVA_MLA3_BN 64
+#define KVA_MLA3_TILE (KVA_MLA_D / 64 * KVA_MLA3_BN * 128) /* 73728 */
+#define KVA_MLA3_P (KVA_MLA_BM * 128)                     /* 8192 */
+#define KVA_MLA3_STATS (4 * KVA_MLA_BM * 4)               /* scale, max, l[2]: 1024 */
+#define KVA_MLA3_BARS 160 /* 19 mbarriers (Q; stage x 9 column blocks) + flag */
+#define KVA_MLA3_SMEM \
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA3_TILE + KVA_MLA3_P + KVA_MLA3_STATS + KVA_MLA3_BARS) /* 231584 */
+
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
 typedef struct kva_mla_args {
@@ -62,9 +74,9 @@ typedef struct kva_mla_args {
   int causal;
 } kva_mla_args;
 
-/* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); v1:
- * the first kernel (KVA_MLA_KERNEL=v1). */
-kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int v1, unsigned grid_x,
+/* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
+ * 1, 2 or 3 (KVA_MLA_KERNEL; 3 with 16-bit latents only). */
+kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, unsigned grid_x,
                           unsigned grid_y, cudaStream_t stream);
 
 #ifdef __cplusplus

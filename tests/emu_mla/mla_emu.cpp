@@ -4,6 +4,7 @@
  * latents, forced splits. */
 #include "emu_cuda.h"
 #include "cuda/mla_kernel_v1.cuh"
+#include "cuda/mla_kernel_v3.cuh"
 extern "C" {
 #include "core/dtype.h"
 }
@@ -17,12 +18,16 @@ extern dim3 emu_blockIdx;
 
 static kva_mla_args g_args;
 static unsigned g_y;
-static int g_v1; /* EMU_MLA_V1=1: the first kernel (mla_kernel_v1.cuh) */
+/* EMU_MLA_V1=1 or EMU_MLA_KERNEL=v1|v2|v3: the kernel (default v2); v3
+ * runs 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
+static int g_ver = 2, g_run_ver = 2;
 template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
-  if (g_v1)
+  if (g_run_ver == 1)
     kva_mla_kernel_v1<QT, KV8>(g_args);
+  else if (g_run_ver == 3 && !KV8)
+    kva_mla_kernel_v3<QT>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -146,7 +151,8 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  emu_smem_limit = g_v1 ? KVA_MLA1_SMEM(c.kv8) : KVA_MLA_SMEM(c.kv8);
+  g_run_ver = g_ver == 3 && c.kv8 ? 2 : g_ver;
+  emu_smem_limit = g_run_ver == 1 ? KVA_MLA1_SMEM(c.kv8) : g_run_ver == 3 ? KVA_MLA3_SMEM : KVA_MLA_SMEM(c.kv8);
   for (int y = 0; y < tiles; y++) {
     g_y = (unsigned)y;
     emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
@@ -199,8 +205,8 @@ static int run_case(const Case &c, int idx) {
       }
   int maxk = 0;
   for (int r = 0; r < B; r++) maxk = std::max(maxk, kvlen[r]);
-  printf("case %3d %s%s ps%-3d hq%-3d B%d maxk%-4d tiles%d causal%d W%-2d blk%-3d splits%-3d: max|dO| %.2e rel %.1e max|dLSE| %.2e %s\n",
-         idx, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, maxk, tiles,
+  printf("case %3d v%d %s%s ps%-3d hq%-3d B%d maxk%-4d tiles%d causal%d W%-2d blk%-3d splits%-3d: max|dO| %.2e rel %.1e max|dLSE| %.2e %s\n",
+         idx, g_run_ver, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, maxk, tiles,
          c.causal, c.workers, c.block, nsplits, max_err, sr > 0 ? sqrt(se / sr) : 0.0, max_lse_err,
          bad ? "FAIL" : "ok");
   fflush(stdout);
@@ -208,7 +214,10 @@ static int run_case(const Case &c, int idx) {
 }
 
 int main(int argc, char **argv) {
-  g_v1 = getenv("EMU_MLA_V1") && atoi(getenv("EMU_MLA_V1")) != 0;
+  if (getenv("EMU_MLA_V1") && atoi(getenv("EMU_MLA_V1")) != 0) g_ver = 1;
+  if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
+  if (g_ver < 1 || g_ver > 3) { fprintf(stderr, "EMU_MLA_KERNEL: v1, v2 or v3\n"); return 2; }
+  printf("kernel v%d\n", g_ver);
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;
   if (argc > 3) rng ^= (uint64_t)strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull;
