@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A/B of the MLA kernels (KVA_MLA_KERNEL=v1|v2|v3) on FlashMLA's table rows,
+# A/B of the MLA kernels (KVA_MLA_KERNEL=v2|v3) on FlashMLA's table rows,
 # interleaved in one call: [KVA_AB="v2 v3"] bash scripts/ab_mla.sh [repeats]
-# (default KVA_AB="v1 v2"; v3 runs 16-bit latents only, its fp8 row is v2)
+# (default KVA_AB="v2 v3"; v3 runs 16-bit latents only, its fp8 row is v2)
 set -uo pipefail
 K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
 for rep in $(seq "$n"); do
-  for v in ${KVA_AB:-v1 v2}; do
+  for v in ${KVA_AB:-v2 v3}; do
     for cfg in "--heads 16:1 --sq 1" "--heads 64:1 --sq 1" "--heads 64:1 --sq 1 --varlen" "--heads 32:1 --sq 2" \
                "--heads 128:1 --sq 1" "--heads 64:1 --sq 2" "--heads 128:1 --sq 2" "--heads 64:1 --sq 1 --kv-dtype fp8"; do
       # shellcheck disable=SC2086

@@ -1,27 +1,28 @@
 /* MLA decode on the CUDA backend: the plan's decode requests on the wgmma
  * kernel (mla_kernel.cuh), which also merges the chunks of split requests;
  * f32 Q/O, Q of another 16-bit type than the pool, or unaligned Q/O run
- * on the CUDA-core kernel (simple_attention.cu). Kernels v1, v2 (default)
- * and v3 (mla_kernel_v3.cuh) by KVA_MLA_KERNEL. Launch shapes come from
+ * on the CUDA-core kernel (simple_attention.cu). Two wgmma kernels: v2
+ * (mla_kernel.cuh; 32-key tiles, S split between the warpgroups) for fewer
+ * than 128 q heads and for fp8 latents, v3 (mla_kernel_v3.cuh; 64-key
+ * blocks, one warpgroup's S shared as P) for 128 or more heads of 16-bit
+ * latents, where it measured 8-10% faster (docs/performance.md);
+ * KVA_MLA_KERNEL=v2|v3 forces one for A/B. Launch shapes come from
  * plan capacities only (max_q_tokens, num_workers), never from the batch, so
  * the same launch replays under CUDA graphs. */
 #include <string.h>
 
 #include <stdlib.h>
 
-#include "cuda/mla_kernel_v1.cuh"
+#include "cuda/mla_kernel.cuh"
 #include "cuda/mla_kernel_v3.cuh"
 
-/* ver: 1, 2 or 3 (3: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2 or 3 (3: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
                              cudaStream_t s) {
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
-  if (ver == 1) {
-    smem = KVA_MLA1_SMEM(KV8);
-    fn = kva_mla_kernel_v1<QT, KV8>;
-  } else if (ver == 3 && !KV8) {
+  if (ver == 3 && !KV8) {
     smem = KVA_MLA3_SMEM;
     fn = kva_mla_kernel_v3<QT>;
   }
@@ -53,13 +54,12 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
              : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v1|v2|v3 selects the kernel (default v2), for A/B; v3
- * runs 16-bit latents only (fp8 pools stay on v2). */
-static int mla_kernel_version(void) {
-  static int v = 0; /* read once: launches are replayed under CUDA graphs */
-  if (v == 0) {
+/* KVA_MLA_KERNEL=v2|v3 forces a kernel (A/B); 0 = by head count. */
+static int mla_kernel_forced(void) {
+  static int v = -1; /* read once: launches are replayed under CUDA graphs */
+  if (v < 0) {
     const char *env = getenv("KVA_MLA_KERNEL");
-    v = env != NULL && strcmp(env, "v1") == 0 ? 1 : env != NULL && strcmp(env, "v3") == 0 ? 3 : 2;
+    v = env == NULL ? 0 : strcmp(env, "v2") == 0 ? 2 : strcmp(env, "v3") == 0 ? 3 : 0;
   }
   return v;
 }
@@ -80,7 +80,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   const int tiles = kva_cuda_mla_row_tiles(hq, plan->cfg.max_q_tokens);
   const int fast = (dtype == KVA_F16 || dtype == KVA_BF16) && (kv8 || pc->kv_dtype == dtype) &&
                    !((((uintptr_t)q) | ((uintptr_t)o)) & 15u) &&
-                   KVA_MLA_SMEM(kv8) <= cs->max_smem_optin && KVA_MLA1_SMEM(kv8) <= cs->max_smem_optin &&
+                   KVA_MLA_SMEM(kv8) <= cs->max_smem_optin &&
                    tiles <= 65535 && tiles <= hq;
   if (!fast) return kva_cuda_simple_attention(plan, pool, layer, params, q, o, lse, dtype, 0);
 
@@ -110,7 +110,9 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
-  int ver = mla_kernel_version();
+  /* a plan capacity, not the batch: graph replays launch the same kernel */
+  int ver = mla_kernel_forced();
+  if (ver == 0) ver = hq >= 128 ? 3 : 2;
   if (ver == 3 && (kv8 || KVA_MLA3_SMEM > cs->max_smem_optin)) ver = 2;
   return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);

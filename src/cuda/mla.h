@@ -22,15 +22,6 @@ extern "C" {
 #define KVA_MLA_QTILE (KVA_MLA_D / 64 * KVA_MLA_BM * 128) /* 73728 */
 #define KVA_MLA_TILE (KVA_MLA_D / 64 * KVA_MLA_BN * 128)  /* 36864 */
 #define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)            /* fp8 staging tile: 18432 */
-/* v1 (mla_kernel_v1.cuh): ring of 16-bit tiles, or fp8 staging tiles
- * converted one at a time into a single 16-bit tile. */
-#define KVA_MLA1_STAGES(kv8) ((kv8) ? 4 : 3)
-#define KVA_MLA1_RING(kv8) \
-  ((kv8) ? KVA_MLA_TILE + KVA_MLA1_STAGES(1) * KVA_MLA_TILE8 : KVA_MLA1_STAGES(0) * KVA_MLA_TILE)
-/* Exchange of the warpgroups' half-K partial S: [2][BN / 8 float4][128]. */
-#define KVA_MLA_XS (2 * KVA_MLA_BN / 8 * 128 * 16) /* 16384 */
-/* 1 KB alignment slack, Q, the ring, the S exchange, 16 bytes of flags. */
-#define KVA_MLA1_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA1_RING(kv8) + KVA_MLA_XS + 16)
 /* v2 (mla_kernel.cuh): ring of NS 16-bit tiles (two in flight while one
  * is computed on); fp8: NS byte tiles and two converted 16-bit tiles (tile
  * i's V is read while tile i+1's K is). The S exchange holds one
@@ -75,7 +66,7 @@ typedef struct kva_mla_args {
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 1, 2 or 3 (KVA_MLA_KERNEL; 3 with 16-bit latents only). */
+ * 2 or 3 (3 with 16-bit latents only). */
 kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, unsigned grid_x,
                           unsigned grid_y, cudaStream_t stream);
 

@@ -15,8 +15,8 @@
  * from registers and V = the first 512 columns of the same K tile through
  * the descriptor's transpose. Each latent byte is thus multiplied once.
  * The S of the next tile runs on the tensor cores during this tile's
- * softmax (see kva_mla_kernel); mla_kernel_v1.cuh keeps the first,
- * unpipelined kernel for comparison.
+ * softmax (see kva_mla_kernel). The first, unpipelined kernel (v1) was
+ * removed after v2 measured 4-11% faster (docs/performance.md).
  *
  * At the end of a request chunk O is written (single-chunk request) or
  * written as a partial row; the CTA whose chunk of a split request finishes

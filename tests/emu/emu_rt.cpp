@@ -555,17 +555,12 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
 
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
-<<<<<<< HEAD
-       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n, bit 5 B MN-major
-       * (ss); 73 warp in group */
-=======
-       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256);
-       * 73 warp in group */
->>>>>>> ws-dims
+       * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256),
+       * bit 6 B MN-major with A from smem (ss); 73 warp in group */
       const uint32_t fl = op.flags;
       const int N = emu_wg_n(fl);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
-      const int tb = rs || ((fl >> 5) & 1); /* B MN-major: always with A from registers; bit 5 for ss */
+      const int tb = rs || ((fl >> 6) & 1); /* B MN-major: always with A from registers; bit 6 for ss */
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
         /* A registers are values at the issue (PTX registers are not reused
@@ -630,12 +625,8 @@ static void wg_execute(Warp &W, WgOp &op) {
  * chunk was written, or by the thread that wrote it (then synchronized). */
 static void wg_check_visible(Warp &W, const WgOp &op) {
   const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
-<<<<<<< HEAD
-  const int tb = rs || ((op.flags >> 5) & 1);
-  const int N = 128 >> ((op.flags >> 3) & 3);
-=======
+  const int tb = rs || ((op.flags >> 6) & 1);
   const int N = emu_wg_n(op.flags);
->>>>>>> ws-dims
   uint64_t fence = UINT64_MAX;
   for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
   auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
@@ -678,15 +669,12 @@ void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scal
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
-<<<<<<< HEAD
-/* A K-major from smem, B MN-major (bit 5): MLA v3's P V with P in smem */
-void kva_wgmma_m64n128k16_ss_bf16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 32u); }
-void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 32u); }
-=======
+/* A K-major from smem, B MN-major (bit 6): MLA v3's P V with P in smem */
+void kva_wgmma_m64n128k16_ss_bf16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 64u); }
+void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 64u); }
 void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 8u); }
 void kva_wgmma_m64n64k16_rs_f16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 8u); }
 void kva_wgmma_m64n256k16_rs_bf16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 32u); }
 void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 32u); }
->>>>>>> ws-dims
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
 void emu_wgmma_wait(int n) { warps[cur / 32].in[cur & 31][0] = (uint32_t)n; collective(OP_WG_WAIT); }
