@@ -113,7 +113,7 @@ if has prefill; then
   # and fp8 KV run mma.sync whatever KVA_EXTEND_KERNEL says)
   P="$OUT/bench_prefill.jsonl"
   : >"$P"
-  pf() { for kern in ws wgmma mma; do
+  pf() { for kern in ${PF_KERNELS:-ws wgmma mma}; do
       KVA_EXTEND_KERNEL=$kern "$K" bench --device cuda --page 16 \
         --dtype bf16 --kv-dtype bf16 --json "$@" | sed "s/^{/{\"kernel\":\"$kern\",/" >>"$P"
     done; }
@@ -121,6 +121,8 @@ if has prefill; then
     b=$((16384 / s))
     pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 1
   done
+  # (wgmma is the d=128 non-ws kernel: the other shapes compare ws with mma.sync)
+  PF_KERNELS="ws mma"
   for s in 1024 4096 16384; do
     b=$((16384 / s))
     pf --mode prefill --batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 0

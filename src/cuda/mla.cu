@@ -2,11 +2,11 @@
  * kernel (mla_kernel.cuh), which also merges the chunks of split requests;
  * f32 Q/O, Q of another 16-bit type than the pool, or unaligned Q/O run
  * on the CUDA-core kernel (simple_attention.cu). Two wgmma kernels: v2
- * (mla_kernel.cuh; 32-key tiles, S split between the warpgroups) for fewer
- * than 128 q heads and for fp8 latents, v3 (mla_kernel_v3.cuh; 64-key
- * blocks, one warpgroup's S shared as P) for 128 or more heads of 16-bit
- * latents, where it measured 8-10% faster (docs/performance.md);
- * KVA_MLA_KERNEL=v2|v3 forces one for A/B. Launch shapes come from
+ * (mla_kernel.cuh; 32-key tiles, S split between the warpgroups), the
+ * default, and v3 (mla_kernel_v3.cuh; 64-key blocks, one warpgroup's S
+ * shared as P; 16-bit latents), opt-in with KVA_MLA_KERNEL=v3: 8-10%
+ * faster at 128 q heads, but compute-sanitizer racecheck still reports one
+ * shared-memory hazard in it (docs/cuda_kernels.md). Launch shapes come from
  * plan capacities only (max_q_tokens, num_workers), never from the batch, so
  * the same launch replays under CUDA graphs. */
 #include <string.h>
@@ -54,7 +54,7 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
              : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v2|v3 forces a kernel (A/B); 0 = by head count. */
+/* KVA_MLA_KERNEL=v2|v3 forces a kernel (A/B); 0 = the default (v2). */
 static int mla_kernel_forced(void) {
   static int v = -1; /* read once: launches are replayed under CUDA graphs */
   if (v < 0) {
@@ -112,7 +112,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.causal = params->causal != 0;
   /* a plan capacity, not the batch: graph replays launch the same kernel */
   int ver = mla_kernel_forced();
-  if (ver == 0) ver = hq >= 128 ? 3 : 2;
+  if (ver == 0) ver = 2;
   if (ver == 3 && (kv8 || KVA_MLA3_SMEM > cs->max_smem_optin)) ver = 2;
   return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);

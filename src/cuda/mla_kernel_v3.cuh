@@ -340,6 +340,10 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     }
 
     /* ---- row sums of both warpgroups, then O (or the partial row) ---- */
+    /* sl is read below by the other warpgroup: after a chunk of one block
+     * the owner never waits on it and would overwrite the previous chunk's
+     * sums while they are being read (compute-sanitizer racecheck) */
+    __syncthreads();
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       float lt = l[hf];
