@@ -29,6 +29,7 @@
 
 #include "cuda/decode.h"
 #include "cuda/ptx.cuh"
+#include "cuda/split_merge.cuh"
 
 #define KVA_DEC_LN2 0.6931471805599453f
 
@@ -154,26 +155,9 @@ static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit
     const int row = idx / (D / 4), d4 = idx % (D / 4);
     const int grow = row0 + row, t = grow / a.group, h = kvh * a.group + grow % a.group;
     const size_t p0 = (size_t)a.split_row_offset[r] + t;
-    float mx = -INFINITY;
-    for (int j = 0; j < nsplit; j++)
-      mx = fmaxf(mx, __ldcg(a.part_lse + (p0 + (size_t)j * nt) * a.hq + h));
-    float ws = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (mx != -INFINITY) {
-#pragma unroll 4
-      for (int j = 0; j < nsplit; j++) {
-        /* every chunk's row is written (an empty one: O 0, LSE -inf) */
-        const size_t prow = (p0 + (size_t)j * nt) * a.hq + h;
-        const float sj = __ldcg(a.part_lse + prow);
-        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
-        const float4 v = __ldcg((const float4 *)(a.part_o + prow * D + 4 * d4));
-        ws += w;
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
-    }
+    float mx, ws;
+    const float4 acc =
+        kva_split_merge4(a.part_o, a.part_lse, p0, nt, a.hq, h, nsplit, D, d4, &mx, &ws);
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const size_t orow = (size_t)(tok0 + t) * a.hq + h;
     dec_store4<QT>((uint16_t *)a.o + orow * D + 4 * d4, acc.x * inv, acc.y * inv, acc.z * inv,

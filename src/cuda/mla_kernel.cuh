@@ -30,6 +30,7 @@
 
 #include "cuda/mla.h"
 #include "cuda/ptx.cuh"
+#include "cuda/split_merge.cuh"
 
 #define KVA_MLA_LN2 0.6931471805599453f
 #define KVA_MLA_QBLK (KVA_MLA_BM * 128) /* bytes of one 64-column block of the Q tile */
@@ -158,7 +159,7 @@ static __device__ __forceinline__ void mla_mma_pv(float d[64], const uint32_t a[
 
 /* The chunks of request r for this CTA's row tile merged by LSE into O (and
  * LSE), by the CTA whose chunk finished last; as dec_merge_chunks
- * (decode_kernel.cuh) at 512 dims. */
+ * (decode_kernel.cuh) at 512 dims, both on kva_split_merge4. */
 template <int QT>
 static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit, int nt, int tok0,
                                         int row0, int rows_here, int tid) {
@@ -166,25 +167,9 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
     const int row = idx / (KVA_MLA_DV / 4), d4 = idx % (KVA_MLA_DV / 4);
     const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
     const size_t p0 = (size_t)a.split_row_offset[r] + t;
-    float mx = -INFINITY;
-    for (int j = 0; j < nsplit; j++)
-      mx = fmaxf(mx, __ldcg(a.part_lse + (p0 + (size_t)j * nt) * a.hq + h));
-    float ws = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (mx != -INFINITY) {
-#pragma unroll 4
-      for (int j = 0; j < nsplit; j++) {
-        const size_t prow = (p0 + (size_t)j * nt) * a.hq + h;
-        const float sj = __ldcg(a.part_lse + prow);
-        const float w = sj == -INFINITY ? 0.0f : expf(sj - mx);
-        const float4 v = __ldcg((const float4 *)(a.part_o + prow * KVA_MLA_DV + 4 * d4));
-        ws += w;
-        acc.x += w * v.x;
-        acc.y += w * v.y;
-        acc.z += w * v.z;
-        acc.w += w * v.w;
-      }
-    }
+    float mx, ws;
+    const float4 acc = kva_split_merge4(a.part_o, a.part_lse, p0, nt, a.hq, h, nsplit, KVA_MLA_DV,
+                                        d4, &mx, &ws);
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const size_t orow = (size_t)(tok0 + t) * a.hq + h;
     *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =
