@@ -333,26 +333,9 @@ static void decode_task(void *arg, int w, int thread) {
 /* Combine: one task per decode request; those with one chunk have nothing to do. */
 static void combine_task(void *arg, int idx, int thread) {
   (void)thread;
-  job *jb = (job *)arg;
-  const kva_plan *p = jb->plan;
-  int r = p->decode_reqs[idx];
-  int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
-  if (nsplit <= 1) return;
-  const float *po = (const float *)p->partial_o, *pl = (const float *)p->partial_lse;
-  size_t esz = kva_dtype_size(jb->dtype);
-  int nt = p->num_new[r];
-  for (int t = 0; t < nt; t++)
-    for (int h = 0; h < jb->hq; h++) {
-      size_t row0 = (size_t)p->split_row_offset[r] + (size_t)t;
-      size_t tok = (size_t)p->cu_seqlens_q[r] + t;
-      float lse;
-      /* split j's row is row0 + j * nt */
-      kva_cpu_merge_rows(nsplit, jb->d, po + (row0 * jb->hq + h) * jb->d,
-                         (size_t)nt * jb->hq * jb->d, pl + row0 * jb->hq + h,
-                         (size_t)nt * jb->hq, (char *)jb->o + (tok * jb->hq + h) * jb->d * esz,
-                         jb->dtype, &lse);
-      if (jb->lse) jb->lse[tok * jb->hq + h] = lse;
-    }
+  const job *jb = (const job *)arg;
+  kva_cpu_combine_request(jb->plan, jb->plan->decode_reqs[idx], jb->hq, jb->d, jb->o, jb->lse,
+                          jb->dtype);
 }
 
 /* Extend tasks: request i of extend_reqs owns tasks [start[i], start[i+1]),

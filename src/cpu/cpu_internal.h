@@ -52,4 +52,10 @@ kva_status kva_cpu_merge_states(kva_context *ctx, int num_tokens, int num_heads,
 void kva_cpu_merge_rows(int n, int d, const float *o, size_t o_stride, const float *lse,
                         size_t lse_stride, void *out, kva_dtype dtype, float *lse_out);
 
+/* Decode request r's split-KV chunks merged into O (and LSE) for its
+ * num_new tokens x hq heads of dv dims; nothing to do for one chunk. The
+ * combine step of both the MHA and the MLA decode paths. */
+void kva_cpu_combine_request(const kva_plan *p, int r, int hq, int dv, void *o, float *lse,
+                             kva_dtype dtype);
+
 #endif

@@ -55,3 +55,23 @@ kva_status kva_cpu_merge_states(kva_context *ctx, int num_tokens, int num_heads,
   }
   return KVA_OK;
 }
+
+void kva_cpu_combine_request(const kva_plan *p, int r, int hq, int dv, void *o, float *lse,
+                             kva_dtype dtype) {
+  int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
+  if (nsplit <= 1) return;
+  const float *po = (const float *)p->partial_o, *pl = (const float *)p->partial_lse;
+  size_t esz = kva_dtype_size(dtype);
+  int nt = p->num_new[r];
+  for (int t = 0; t < nt; t++)
+    for (int h = 0; h < hq; h++) {
+      size_t row0 = (size_t)p->split_row_offset[r] + (size_t)t;
+      size_t out = ((size_t)p->cu_seqlens_q[r] + t) * hq + h;
+      float s;
+      /* split j's row is row0 + j * nt */
+      kva_cpu_merge_rows(nsplit, dv, po + (row0 * hq + h) * dv, (size_t)nt * hq * dv,
+                         pl + row0 * hq + h, (size_t)nt * hq, (char *)o + out * dv * esz, dtype,
+                         &s);
+      if (lse) lse[out] = s;
+    }
+}

@@ -215,23 +215,8 @@ static void decode_task(void *arg, int w, int thread) {
 static void combine_task(void *arg, int idx, int thread) {
   (void)thread;
   const mla_job *jb = (const mla_job *)arg;
-  const kva_plan *p = jb->plan;
-  int r = p->decode_reqs[idx];
-  int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
-  if (nsplit <= 1) return;
-  const float *po = (const float *)p->partial_o, *pl = (const float *)p->partial_lse;
-  size_t esz = kva_dtype_size(jb->dtype);
-  int nt = p->num_new[r];
-  for (int t = 0; t < nt; t++)
-    for (int h = 0; h < jb->hq; h++) {
-      size_t row0 = (size_t)p->split_row_offset[r] + (size_t)t;
-      size_t out = ((size_t)p->cu_seqlens_q[r] + t) * jb->hq + h;
-      float lse;
-      kva_cpu_merge_rows(nsplit, DV, po + (row0 * jb->hq + h) * DV, (size_t)nt * jb->hq * DV,
-                         pl + row0 * jb->hq + h, (size_t)nt * jb->hq,
-                         (char *)jb->o + out * DV * esz, jb->dtype, &lse);
-      if (jb->lse) jb->lse[out] = lse;
-    }
+  kva_cpu_combine_request(jb->plan, jb->plan->decode_reqs[idx], jb->hq, DV, jb->o, jb->lse,
+                          jb->dtype);
 }
 
 kva_status kva_cpu_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
