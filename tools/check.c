@@ -96,6 +96,23 @@ static check_case draw_case(cli_rng *r, int small) {
   return c;
 }
 
+int check_fp8_end_to_end(const char *desc, const char *what, const double *ref2,
+                         const float *out, size_t n, float sm_scale, int d, worst_errors *worst,
+                         double *e2_out) {
+  double e2 = kva_ref_rel_error(ref2, out, n);
+  double sharp = sm_scale > 0 ? sm_scale * sqrt((double)d) / 2.0 : 0.5;
+  double ftol = TOL_FP8_E2E * (sharp > 1.0 ? sharp : 1.0);
+  int fail = 0;
+  if (!(e2 < ftol)) {
+    printf("FAIL %s: fp8 end-to-end rel error %.3g >= %.2g vs unquantized %s\n", desc, e2, ftol,
+           what);
+    fail = 1;
+  }
+  if (e2 > worst->fp8 || isnan(e2)) worst->fp8 = e2;
+  *e2_out = e2;
+  return fail;
+}
+
 double check_allowed_store_error(float x, kva_dtype t, float scale) {
   double a = fabs((double)x), step;
   int e;
@@ -377,15 +394,7 @@ static int run_case(kva_context *ctx, const check_case *c, cli_rng *r, int small
                       (const float *const *)vo, ref2, NULL);
     free(ko);
     free(vo);
-    e2 = kva_ref_rel_error(ref2, of, nq);
-    double sharp = c->ap.sm_scale > 0 ? c->ap.sm_scale * sqrt((double)d) / 2.0 : 0.5;
-    double ftol = TOL_FP8_E2E * (sharp > 1.0 ? sharp : 1.0);
-    if (!(e2 < ftol)) {
-      printf("FAIL %s: fp8 end-to-end rel error %.3g >= %.2g vs unquantized KV\n", desc, e2,
-             ftol);
-      fail = 1;
-    }
-    if (e2 > worst->fp8 || isnan(e2)) worst->fp8 = e2;
+    if (check_fp8_end_to_end(desc, "KV", ref2, of, nq, c->ap.sm_scale, d, worst, &e2)) fail = 1;
   }
   if (verbose && !fail)
     printf("ok %s: O %.3g LSE %.3g fp8-e2e %.3g store %.2f\n", desc, err, lerr, e2, store_worst);

@@ -25,6 +25,14 @@ typedef struct {
  * rounded store may move x. Saturated fp8 values may move to +-448 * scale. */
 double check_allowed_store_error(float x, kva_dtype t, float scale);
 
+/* fp8 end to end: rel error e2 of out against the reference on unquantized
+ * K/V (ref2, n values), against TOL_FP8_E2E grown for sharp logits
+ * (sm_scale 0 = 1/sqrt(d)); prints a FAIL line naming `what` and returns 1
+ * when it is exceeded. Records the worst error; *e2_out gets e2. */
+int check_fp8_end_to_end(const char *desc, const char *what, const double *ref2,
+                         const float *out, size_t n, float sm_scale, int d, worst_errors *worst,
+                         double *e2_out);
+
 /* Draws and runs one random MLA decode case; 0 pass, 1 fail (message printed). */
 int check_mla_case(kva_context *ctx, cli_rng *r, int small, int verbose, worst_errors *worst);
 

@@ -246,15 +246,8 @@ int check_mla_case(kva_context *ctx, cli_rng *r, int small, int verbose, worst_e
     ref2 = (double *)malloc(nq * DV * 8);
     kva_ref_mla_attention(c.nreq, cached, nnew, c.hq, &c.ap, qf, (const float *const *)orig, ref2,
                           NULL);
-    e2 = kva_ref_rel_error(ref2, of, nq * DV);
-    double sharp = c.ap.sm_scale > 0 ? c.ap.sm_scale * sqrt((double)D) / 2.0 : 0.5;
-    double ftol = TOL_FP8_E2E * (sharp > 1.0 ? sharp : 1.0);
-    if (!(e2 < ftol)) {
-      printf("FAIL %s: fp8 end-to-end rel error %.3g >= %.2g vs unquantized latents\n", desc, e2,
-             ftol);
+    if (check_fp8_end_to_end(desc, "latents", ref2, of, nq * DV, c.ap.sm_scale, D, worst, &e2))
       fail = 1;
-    }
-    if (e2 > worst->fp8 || isnan(e2)) worst->fp8 = e2;
   }
   if (verbose && !fail)
     printf("ok %s: O %.3g LSE %.3g fp8-e2e %.3g store %.2f\n", desc, err, lerr, e2, store_worst);
