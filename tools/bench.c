@@ -76,6 +76,38 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Random KV: a 16 MiB random block tiled over every buffer of every layer. */
+int bench_make_batch(kva_context *ctx, const bench_opts *o, kva_layout layout, int hkv, int d,
+                     double layer_bytes, int B, int max_len, long long pages_total,
+                     const int32_t *cached, const int32_t *nnew, int max_q, int32_t *slots,
+                     cli_rng *rng, int *layers_out, kva_pool **pool_out,
+                     kva_req_table **table_out, kva_plan **plan_out) {
+  int layers = o->layers;
+  if (layers <= 0) layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_bytes) : 1;
+  layers = layers < 1 ? 1 : layers > 1024 ? 1024 : layers;
+  kva_pool_config pc = {layout, layers, (int)pages_total + B, o->page, hkv, d, o->kv_dtype};
+  kva_pool *pool;
+  kva_req_table *table;
+  kva_plan *plan;
+  CLI_TRY(kva_pool_create(ctx, &pc, &pool));
+  CLI_TRY(kva_req_table_create(pool, B, max_len, &table));
+  for (int i = 0; i < B; i++) {
+    int s;
+    CLI_TRY(kva_req_alloc(table, &s));
+    slots[i] = s;
+    CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
+  }
+  if (bench_fill_pool(ctx, pool, rng) != 0) return 1;
+  kva_plan_config plc = {B, max_q, o->hq, o->workers, o->split_block};
+  CLI_TRY(kva_plan_create(table, &plc, &plan));
+  kva_batch batch = {B, slots, cached, nnew};
+  CLI_TRY(kva_plan_update(plan, &batch));
+  *layers_out = layers;
+  *pool_out = pool;
+  *table_out = table;
+  *plan_out = plan;
+  return 0;
+}
+
 int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng) {
   const kva_pool_config *pc = kva_pool_get_config(pool);
   size_t esz = kva_dtype_size(pc->kv_dtype), blk = (size_t)16 << 20;
@@ -183,30 +215,14 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
   }
   size_t esz = kva_dtype_size(o->kv_dtype);
   double layer_kv_bytes = (double)pages_total * o->page * o->hkv * o->d * esz * 2;
-  /* CUDA: enough layers that the KV of all of them is >= 4x a 50 MB L2, one
-   * layer per iteration, so no iteration finds its KV in L2. CPU: one layer
-   * unless --layers says otherwise. */
-  int layers = o->layers;
-  if (layers <= 0) layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_kv_bytes) : 1;
-  if (layers < 1) layers = 1;
-  if (layers > 1024) layers = 1024;
-  kva_pool_config pc = {KVA_LAYOUT_MHA, layers, (int)pages_total + B, o->page, o->hkv, o->d, o->kv_dtype};
+  int layers;
   kva_pool *pool;
   kva_req_table *table;
   kva_plan *plan;
-  CLI_TRY(kva_pool_create(ctx, &pc, &pool));
-  CLI_TRY(kva_req_table_create(pool, B, max_len, &table));
-  for (int i = 0; i < B; i++) {
-    int s;
-    CLI_TRY(kva_req_alloc(table, &s));
-    slots[i] = s;
-    CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
-  }
-  if (bench_fill_pool(ctx, pool, rng) != 0) return 1;
-  kva_plan_config plc = {B, (int)total_q, o->hq, o->workers, o->split_block};
-  CLI_TRY(kva_plan_create(table, &plc, &plan));
-  kva_batch batch = {B, slots, cached, nnew};
-  CLI_TRY(kva_plan_update(plan, &batch));
+  if (bench_make_batch(ctx, o, KVA_LAYOUT_MHA, o->hkv, o->d, layer_kv_bytes, B, max_len,
+                       pages_total, cached, nnew, (int)total_q, slots, rng, &layers, &pool, &table,
+                       &plan) != 0)
+    return 1;
   size_t qbytes = (size_t)total_q * o->hq * o->d * kva_dtype_size(o->dtype);
   void *q, *out;
   CLI_TRY(kva_malloc(ctx, qbytes, &q));

@@ -17,6 +17,16 @@ typedef struct {
   int iters, reps;    /* samples; launches per sample */
 } bench_timing;
 
+/* Pool (layout, head count and dim as given; layers: --layers, or on CUDA
+ * enough that the KV of all of them is >= 4x a 50 MB L2, so no call finds
+ * its layer in L2), request table, B requests of cached[i] + nnew[i]
+ * positions, random KV, and a plan with the batch planned; 0 on success.
+ * layer_bytes: KV bytes of one layer for this batch. */
+int bench_make_batch(kva_context *ctx, const bench_opts *o, kva_layout layout, int hkv, int d,
+                     double layer_bytes, int B, int max_len, long long pages_total,
+                     const int32_t *cached, const int32_t *nnew, int max_q, int32_t *slots,
+                     cli_rng *rng, int *layers_out, kva_pool **pool_out,
+                     kva_req_table **table_out, kva_plan **plan_out);
 /* Fills every buffer of every layer with random values; 0 on success. */
 int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng);
 /* Times kva_attention (warm-up, median of the samples); 0 on success. */

@@ -36,28 +36,13 @@ int bench_run_mla(kva_context *ctx, const bench_opts *o, int B, int L, double ce
   }
   size_t esz = kva_dtype_size(o->kv_dtype);
   double layer_bytes = (double)pages_total * o->page * D * esz;
-  /* as the other modes: CUDA cycles through enough layers that no call finds
-   * its latents in the 50 MB L2 */
-  int layers = o->layers;
-  if (layers <= 0) layers = o->dev == KVA_DEVICE_CUDA ? (int)ceil(200e6 / layer_bytes) : 1;
-  layers = layers < 1 ? 1 : layers > 1024 ? 1024 : layers;
-  kva_pool_config pc = {KVA_LAYOUT_MLA, layers, (int)pages_total + B, o->page, 1, D, o->kv_dtype};
+  int layers;
   kva_pool *pool;
   kva_req_table *table;
   kva_plan *plan;
-  CLI_TRY(kva_pool_create(ctx, &pc, &pool));
-  CLI_TRY(kva_req_table_create(pool, B, max_len, &table));
-  for (int i = 0; i < B; i++) {
-    int s;
-    CLI_TRY(kva_req_alloc(table, &s));
-    slots[i] = s;
-    CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
-  }
-  if (bench_fill_pool(ctx, pool, rng) != 0) return 1;
-  kva_plan_config plc = {B, B * sq, o->hq, o->workers, o->split_block};
-  CLI_TRY(kva_plan_create(table, &plc, &plan));
-  kva_batch batch = {B, slots, cached, nnew};
-  CLI_TRY(kva_plan_update(plan, &batch));
+  if (bench_make_batch(ctx, o, KVA_LAYOUT_MLA, 1, D, layer_bytes, B, max_len, pages_total, cached,
+                       nnew, B * sq, slots, rng, &layers, &pool, &table, &plan) != 0)
+    return 1;
   size_t rows = (size_t)B * sq * o->hq, qsz = kva_dtype_size(o->dtype);
   void *q, *out, *hq = malloc(rows * D * qsz);
   if (!hq) return 1;
