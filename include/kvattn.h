@@ -217,6 +217,11 @@ typedef struct kva_plan_config {
   int num_qo_heads;   /* multiple of the pool's num_kv_heads */
   int num_workers;    /* split-KV workers; 0 = the context's (threads or SMs x CTAs/SM) */
   int split_block;    /* KV tokens per schedule block; 0 = backend default */
+  /* 1: bitwise the same output for the same inputs, run after run. 0 (the
+   * default): the CUDA decode kernel may share a long request's key tiles
+   * among its split chunks at run time (SMs stream at different rates), so
+   * which chunk sums which keys, and so the last bits, vary between runs. */
+  int deterministic;
 } kva_plan_config;
 
 typedef struct kva_plan kva_plan;

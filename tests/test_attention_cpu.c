@@ -163,7 +163,7 @@ static void run_case(const acase *c) {
     }
   }
   kva_plan_config plc = {c->nreq, total_q > total_p ? total_q : total_p, c->hq, c->workers,
-                         c->split_block};
+                         c->split_block, 0};
   CHECK_STATUS(kva_plan_create(tab, &plc, &plan), KVA_OK);
   if (!plan) goto out;
   /* step 1: the prefixes (written as a prefill with nothing cached) */

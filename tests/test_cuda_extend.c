@@ -73,7 +73,7 @@ static void run_case(kva_context *ctx, const ext_case *c) {
     CHECK_STATUS(kva_req_append(tab, slots[r], cached[r] + fresh[r]), KVA_OK);
   }
   int maxq = total_q > total_pref ? total_q : total_pref;
-  kva_plan_config cfg = {R, maxq, c->hq, 0, 0};
+  kva_plan_config cfg = {R, maxq, c->hq, 0, 0, 0};
   CHECK_STATUS(kva_plan_create(tab, &cfg, &plan), KVA_OK);
   if (!plan) goto out;
   const size_t kvrow = (size_t)c->hkv * c->d, qrow = (size_t)c->hq * c->d;

@@ -73,7 +73,7 @@ static int world_make(world *w, kva_context *ctx, const mla_case *c) {
     lens[r] = c->cached[r] + c->fresh[r];
     CHECK_STATUS(kva_req_append(w->tab, w->slots[r], lens[r]), KVA_OK);
   }
-  kva_plan_config sc = {c->nreq, total, c->hq, 0, 0};
+  kva_plan_config sc = {c->nreq, total, c->hq, 0, 0, 0};
   kva_plan *sp = NULL;
   CHECK_STATUS(kva_plan_create(w->tab, &sc, &sp), KVA_OK);
   kva_batch b = {c->nreq, w->slots, zero, lens};
@@ -174,7 +174,7 @@ static void run_case(kva_context *ctx, const mla_case *c) {
     fresh[r] = c->fresh[r];
     total_q += c->fresh[r];
   }
-  kva_plan_config cfg = {c->nreq, total_q, c->hq, c->workers, c->split_block};
+  kva_plan_config cfg = {c->nreq, total_q, c->hq, c->workers, c->split_block, 0};
   kva_plan *plan = NULL;
   CHECK_STATUS(kva_plan_create(w.tab, &cfg, &plan), KVA_OK);
   kva_batch b = {c->nreq, w.slots, cached, fresh};

@@ -96,9 +96,9 @@ static int run_device(kva_device dev) {
   kva_plan *gplan = kva_graph_state_plan(w.gs);
   kva_plan_info gi;
   /* The eager plan must schedule like the graph's: same capacities and workers. */
-  kva_plan_config ec = {MAX_BATCH, MAX_BATCH * MAX_Q, HQ, 0, 0};
+  kva_plan_config ec = {MAX_BATCH, MAX_BATCH * MAX_Q, HQ, 0, 0, 0};
   TRY(kva_plan_create(w.table, &ec, &w.eager));
-  kva_plan_config prc = {8, 8 * 256, HQ, 0, 0};
+  kva_plan_config prc = {8, 8 * 256, HQ, 0, 0, 0};
   TRY(kva_plan_create(w.table, &prc, &w.prefill));
 
   size_t qb = (size_t)MAX_BATCH * MAX_Q * tok_elems_q() * 2, kb = (size_t)MAX_BATCH * MAX_Q * tok_elems_kv() * 2;

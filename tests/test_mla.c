@@ -80,7 +80,7 @@ static void run_case(const mcase *c, int simd) {
   kva_plan *plan = NULL;
   int maxq = 0;
   for (int r = 0; r < c->nreq; r++) maxq += c->prefix[r] > c->nnew[r] ? c->prefix[r] : c->nnew[r];
-  kva_plan_config pc = {c->nreq, maxq, c->hq, c->workers, c->split_block};
+  kva_plan_config pc = {c->nreq, maxq, c->hq, c->workers, c->split_block, 0};
   int32_t slots[MAXR], cached[MAXR], nnew[MAXR], zero[MAXR];
   size_t nq = (size_t)total_new * c->hq, esz = kva_dtype_size(c->q_t);
   void *q = malloc(nq * D * esz), *o = malloc(nq * DV * esz);
@@ -216,7 +216,7 @@ static void test_split_and_capacity(void) {
     CHECK(0, "setup: %s", kva_last_error());
     goto out;
   }
-  kva_plan_config pc = {1, 8, 128, 7, 64};
+  kva_plan_config pc = {1, 8, 128, 7, 64, 0};
   CHECK_STATUS(kva_plan_create(tab, &pc, &plan), KVA_OK);
   int s;
   CHECK_STATUS(kva_req_alloc(tab, &s), KVA_OK);
@@ -254,7 +254,7 @@ static void test_errors(void) {
     CHECK(0, "setup: %s", kva_last_error());
     goto out;
   }
-  kva_plan_config pc = {2, 40, 16, 0, 0};
+  kva_plan_config pc = {2, 40, 16, 0, 0, 0};
   CHECK_STATUS(kva_plan_create(tab, &pc, &plan), KVA_OK);
   int s;
   CHECK_STATUS(kva_req_alloc(tab, &s), KVA_OK);

@@ -73,7 +73,7 @@ static void run_device(kva_device dev) {
   kva_pool_config pc = {KVA_LAYOUT_MHA, 1, PAGES, PAGE, HKV, D, KVA_BF16};
   CHECK_STATUS(kva_pool_create(f.ctx, &pc, &f.pool), KVA_OK);
   CHECK_STATUS(kva_req_table_create(f.pool, 8, 512, &f.tab), KVA_OK);
-  kva_plan_config plc = {8, MAXQ, HQ, 5, 32}; /* few workers, small blocks: splits */
+  kva_plan_config plc = {8, MAXQ, HQ, 5, 32, 0}; /* few workers, small blocks: splits */
   CHECK_STATUS(kva_plan_create(f.tab, &plc, &f.plan), KVA_OK);
   if (!f.plan) return teardown(&f);
 
@@ -94,7 +94,7 @@ static void run_device(kva_device dev) {
   float *kv_h = (float *)malloc(kv_n * 2 * sizeof(float));
   tu_fill_uniform(&g_rng, kv_h, kv_n * 2, -1.0f, 1.0f);
   void *k_d = upload_bf16(f.ctx, kv_h, kv_n), *v_d = upload_bf16(f.ctx, kv_h + kv_n, kv_n);
-  kva_plan_config bigc = {8, total_all, HQ, 5, 32};
+  kva_plan_config bigc = {8, total_all, HQ, 5, 32, 0};
   kva_plan *fill = NULL;
   CHECK_STATUS(kva_plan_create(f.tab, &bigc, &fill), KVA_OK);
   kva_batch fb = {NR, slots, zero, all};

@@ -495,7 +495,7 @@ static void test_errors(void) {
     TRY(kva_req_alloc(w.table, &s[i]));
     TRY(kva_req_append(w.table, s[i], 100 + 37 * i));
   }
-  kva_plan_config cfg = {4, 64, 4, 3, 16};
+  kva_plan_config cfg = {4, 64, 4, 3, 16, 0};
   kva_plan *plan = NULL;
 
   /* create */
@@ -519,6 +519,9 @@ static void test_errors(void) {
   EXPECT_ERR(kva_plan_create(w.table, &bad, &plan), KVA_ERR_INVALID_ARGUMENT);
   bad = cfg;
   bad.split_block = -1;
+  EXPECT_ERR(kva_plan_create(w.table, &bad, &plan), KVA_ERR_INVALID_ARGUMENT);
+  bad = cfg;
+  bad.deterministic = 2;
   EXPECT_ERR(kva_plan_create(w.table, &bad, &plan), KVA_ERR_INVALID_ARGUMENT);
   TRY(kva_plan_create(w.table, &cfg, &plan));
 
@@ -752,7 +755,7 @@ static void test_errors(void) {
     int ms;
     TRY(kva_req_alloc(mt, &ms));
     TRY(kva_req_append(mt, ms, 20));
-    kva_plan_config mcfg = {2, 16, 16, 0, 0};
+    kva_plan_config mcfg = {2, 16, 16, 0, 0, 0};
     TRY(kva_plan_create(mt, &mcfg, &mpl));
     int32_t one[1] = {ms}, c1[1] = {19}, n1[1] = {1};
     kva_batch b1 = {1, one, c1, n1};

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "bench_common.h"
+#include "dec_trace.h"
 #include "gpu_timer.h"
 
 
@@ -97,7 +98,7 @@ int bench_make_batch(kva_context *ctx, const bench_opts *o, kva_layout layout, i
     CLI_TRY(kva_req_append(table, s, cached[i] + nnew[i]));
   }
   if (bench_fill_pool(ctx, pool, rng) != 0) return 1;
-  kva_plan_config plc = {B, max_q, o->hq, o->workers, o->split_block};
+  kva_plan_config plc = {B, max_q, o->hq, o->workers, o->split_block, o->deterministic};
   CLI_TRY(kva_plan_create(table, &plc, &plan));
   kva_batch batch = {B, slots, cached, nnew};
   CLI_TRY(kva_plan_update(plan, &batch));
@@ -235,6 +236,9 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
 
   bench_timing tm;
   if (bench_time_attention(ctx, o, plan, pool, layers, &ap, q, out, &tm) != 0) return 1;
+  if (o->dev == KVA_DEVICE_CUDA && !o->prefill && !o->mixed &&
+      bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, tm.reps) != 0)
+    return 1;
   double t = tm.t, t_single = tm.t_single;
   int iters = tm.iters, reps = tm.reps;
   double kv_bytes = (double)kv_tokens * o->hkv * o->d * esz * 2 + (double)pages_total * 4;
@@ -246,15 +250,16 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
            "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
            "\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
            "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f,\"launches_per_sample\":%d,\"single_ms\":%.4f,"
-           "\"workers\":%d,\"split_block\":%d}\n",
+           "\"workers\":%d,\"split_block\":%d,\"deterministic\":%d}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L,
            o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
            o->causal, o->prefix, layers, iters, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
-           gbps / ceiling, reps, t_single * 1e3, o->workers, o->split_block);
+           gbps / ceiling, reps, t_single * 1e3, o->workers, o->split_block, o->deterministic);
   } else {
-    printf("%-7s B=%-4d L=%-6d%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
+    printf("%-7s B=%-4d L=%-6d%s%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
            "%.2f TFLOP/s, ceiling %.1f GB/s, ratio %.3f\n",
-           o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "", heads, o->d, o->page,
+           o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "",
+           o->deterministic ? " deterministic" : "", heads, o->d, o->page,
            kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling);
   }
@@ -277,7 +282,8 @@ static void usage(FILE *f) {
           "                    [--ctx L[,L..]] [--heads HQ:HKV] [--head-dim D] [--page P]\n"
           "                    [--dtype bf16|f16] [--kv-dtype bf16|f16|fp8] [--varlen]\n"
           "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N]\n"
-          "                    [--layers N] [--workers N] [--split-block N] [--sq N] [--json]\n"
+          "                    [--layers N] [--workers N] [--split-block N] [--sq N]\n"
+          "                    [--deterministic] [--json]\n"
           "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens\n"
           "after --prefix cached ones; mixed: B requests of U[0, --prefix] cached and U[1, L]\n"
           "new tokens (requests of <= 8 new tokens run as decode). --varlen draws lengths from\n"
@@ -296,11 +302,13 @@ static void usage(FILE *f) {
           "256 MiB over the worker threads; CUDA: 1 GiB device-to-device; bytes read + written).\n"
           "CUDA attends to a different layer each iteration over enough layers (--layers to\n"
           "override) that the KV is >= 4x the 50 MB L2. --workers/--split-block: the plan's\n"
-          "split-KV workers and block (0 = backend default). --json: one object per configuration.\n");
+          "split-KV workers and block (0 = backend default). --deterministic: plans that give\n"
+          "bitwise-reproducible output (CUDA decode keeps every chunk's planned keys).\n"
+          "--json: one object per configuration.\n");
 }
 
 int cli_bench(int argc, char **argv) {
-  bench_opts o = {KVA_DEVICE_CPU, 0, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16, 0, 1};
+  bench_opts o = {KVA_DEVICE_CPU, 0, 0, 32, 8, 128, 16, 0, 1, 0, 0, 0, 0, 0, 0, 0, KVA_BF16, KVA_BF16, 0, 1, 0};
   int page_given = 0;
   int batches[32] = {16}, ctxs[32] = {4096}, nb = 1, nc = 1;
   for (int i = 1; i < argc; i++) {
@@ -318,6 +326,8 @@ int cli_bench(int argc, char **argv) {
       o.json = 1;
     } else if (!strcmp(a, "--varlen")) {
       o.varlen = 1;
+    } else if (!strcmp(a, "--deterministic")) {
+      o.deterministic = 1;
     } else if (!known) {
       fprintf(stderr, "kvattn bench: unknown option '%s' (see kvattn bench --help)\n", a);
       return 2;

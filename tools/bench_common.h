@@ -10,6 +10,7 @@ typedef struct {
   int prefill, mixed, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers, workers, split_block;
   kva_dtype dtype, kv_dtype;
   int mla, sq; /* --mode mla: FlashMLA decode with sq new tokens per request */
+  int deterministic; /* --deterministic: the plan's config flag */
 } bench_opts;
 
 typedef struct {

@@ -234,7 +234,7 @@ static int run_case(kva_context *ctx, const check_case *c, cli_rng *r, int small
       T(kva_pool_set_scale(e.pool, l, l == c->layer ? c->k_scale : 0.01f + 0.01f * rand01(r),
                            l == c->layer ? c->v_scale : 0.01f + 0.01f * rand01(r)));
   T(kva_req_table_create(e.pool, nreq + 2, max_len + parent_len + 8, &e.table));
-  kva_plan_config plc = {nreq + 1, maxq, hq, c->workers, c->split_block};
+  kva_plan_config plc = {nreq + 1, maxq, hq, c->workers, c->split_block, 0};
   T(kva_plan_create(e.table, &plc, &e.plan));
   size_t kvbytes = (size_t)maxq * kv_te * 4;
   T(kva_malloc(ctx, kvbytes, &e.dk));

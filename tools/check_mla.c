@@ -160,7 +160,7 @@ int check_mla_case(kva_context *ctx, cli_rng *r, int small, int verbose, worst_e
     for (int l = 0; l < NLAYERS; l++)
       T(kva_pool_set_scale(e.pool, l, l == c.layer ? c.k_scale : 0.01f + 0.01f * rand01(r), 1.0f));
   T(kva_req_table_create(e.pool, c.nreq, max_len + 8, &table));
-  kva_plan_config plc = {c.nreq, total_len, c.hq, c.workers, c.split_block};
+  kva_plan_config plc = {c.nreq, total_len, c.hq, c.workers, c.split_block, 0};
   T(kva_plan_create(table, &plc, &e.plan));
   T(kva_malloc(ctx, (size_t)total_len * D * 4, &e.dev));
   /* cached prefixes as one extend batch (store only; MLA attention is decode) */

@@ -108,7 +108,7 @@ int cli_demo(int argc, char **argv) {
   kva_plan *plan;
   CLI_TRY(kva_pool_create(ctx, &pc, &pool));
   CLI_TRY(kva_req_table_create(pool, MAX_LIVE + 1, MAX_CTX, &table));
-  kva_plan_config plc = {MAX_BATCH, PREFILL_BUDGET + MAX_BATCH, HQ, 0, 0};
+  kva_plan_config plc = {MAX_BATCH, PREFILL_BUDGET + MAX_BATCH, HQ, 0, 0, 0};
   CLI_TRY(kva_plan_create(table, &plc, &plan));
   size_t max_tok = PREFILL_BUDGET + MAX_BATCH, qn = max_tok * HQ * D, kvn = max_tok * HKV * D;
   void *q, *k, *v, *o;

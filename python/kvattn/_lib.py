@@ -49,7 +49,7 @@ class PagedBatch(ctypes.Structure):
 
 class PlanConfig(ctypes.Structure):
     _fields_ = [("max_batch", c_int), ("max_q_tokens", c_int), ("num_qo_heads", c_int),
-                ("num_workers", c_int), ("split_block", c_int)]
+                ("num_workers", c_int), ("split_block", c_int), ("deterministic", c_int)]
 
 
 class SplitWork(ctypes.Structure):

@@ -275,10 +275,11 @@ class Plan:
     Plan.paged(pool, ...) over caller page tables (update_paged)."""
 
     def __init__(self, table, *, max_batch, max_q_tokens, num_qo_heads, num_workers=0,
-                 split_block=0, _pool=None, _max_pages=None, _handle=None):
+                 split_block=0, deterministic=False, _pool=None, _max_pages=None, _handle=None):
         self.table = table
         self.pool = _pool if _pool is not None else table.pool
-        self.config = PlanConfig(max_batch, max_q_tokens, num_qo_heads, num_workers, split_block)
+        self.config = PlanConfig(max_batch, max_q_tokens, num_qo_heads, num_workers, split_block,
+                                 1 if deterministic else 0)
         self.max_pages_per_req = _max_pages
         self.owned = _handle is None
         if _handle is not None:
@@ -294,9 +295,10 @@ class Plan:
 
     @classmethod
     def paged(cls, pool, *, max_batch, max_q_tokens, num_qo_heads, max_pages_per_req,
-              num_workers=0, split_block=0):
+              num_workers=0, split_block=0, deterministic=False):
         return cls(None, max_batch=max_batch, max_q_tokens=max_q_tokens, num_qo_heads=num_qo_heads,
-                   num_workers=num_workers, split_block=split_block, _pool=pool,
+                   num_workers=num_workers, split_block=split_block, deterministic=deterministic,
+                   _pool=pool,
                    _max_pages=max_pages_per_req)
 
     num_qo_heads = property(lambda s: s.config.num_qo_heads)

@@ -87,6 +87,9 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
                          "%s: config->num_workers must be 0..%d (got %d)", fn,
                          KVA_PLAN_MAX_WORKERS, config->num_workers);
+  if (config->deterministic != 0 && config->deterministic != 1)
+    return kva_set_error(KVA_ERR_INVALID_ARGUMENT, "%s: config->deterministic must be 0 or 1 (got %d)",
+                         fn, config->deterministic);
   if (config->split_block < 0)
     return kva_set_error(KVA_ERR_INVALID_ARGUMENT,
                          "%s: config->split_block must be >= 0 (got %d)", fn,

@@ -64,6 +64,7 @@ typedef struct kva_cuda_plan {
   kva_split_work *d_split_schedule; /* [num_workers] */
   int32_t *d_page_table;     /* [max_batch * max_pages_per_req], stride d_hdr->page_table_stride */
   int32_t *d_split_sem;      /* [max_batch * num_qo_heads], zeroed once; see decode_kernel.cuh */
+  int32_t *d_tile_claim;     /* [max_batch * num_qo_heads] decode tile counters, zeroed once */
 
   /* extend (prefill) path: its own tile schedule, filled by
    * kva_cuda_extend_plan and uploaded by it on the same stream */

@@ -33,8 +33,11 @@ extern "C" {
   ((KVA_DEC_SMEM_BUDGET(d) - KVA_DEC_Q_BYTES(d, mt)) / KVA_DEC_STAGE_BYTES(d, kv8))
 #define KVA_DEC_STAGES(d, kv8, mt) \
   (KVA_DEC_STAGES_FIT(d, kv8, mt) > 4 ? 4 : KVA_DEC_STAGES_FIT(d, kv8, mt))
-#define KVA_DEC_SMEM(d, kv8, mt) \
+/* Q, the ring, then the tile-claim slots (KVA_DEC_CLAIM_SLOTS ints) */
+#define KVA_DEC_CLAIM_SLOTS 8
+#define KVA_DEC_RING_END(d, kv8, mt) \
   (KVA_DEC_Q_BYTES(d, mt) + KVA_DEC_STAGES(d, kv8, mt) * KVA_DEC_STAGE_BYTES(d, kv8))
+#define KVA_DEC_SMEM(d, kv8, mt) (KVA_DEC_RING_END(d, kv8, mt) + 4 * KVA_DEC_CLAIM_SLOTS)
 /* Merge scratch (aliases the ring after the key loop): per warp its O rows
  * (f32, stride d + 8) then m and l of each row. */
 #define KVA_DEC_OS(d) ((d) + 8)
@@ -53,6 +56,7 @@ typedef struct kva_dec_args {
   float *lse;                /* NULL: not written */
   float *part_o, *part_lse;  /* split-KV partial rows */
   int32_t *split_sem;        /* [max_batch * hq]: chunks of (request, grid row) done; 0 between runs */
+  int32_t *tile_claim;       /* [max_batch * hq]: key tiles of (request, grid row) handed out; 0 between runs */
   const void *k, *v;         /* the layer's pool buffers */
   int hq, hkv, group;        /* group = hq / hkv */
   int page_size, ps_shift;   /* key / page_size = (umulhi(key, ps_mul) + key) >> ps_shift */
@@ -61,7 +65,19 @@ typedef struct kva_dec_args {
   float cap_log2; /* cap * log2(e); 0 = no soft-cap */
   float o_mul;    /* v_scale for fp8 pools, else 1 */
   int causal, window_left;
+  /* bench/dec_trace only (NULL otherwise): per CTA KVA_DEC_TRACE_WORDS
+   * %globaltimer stamps, see KVA_DEC_STAMP */
+  unsigned long long *trace;
+  int deterministic;  /* plan config: every chunk keeps its planned key range */
 } kva_dec_args;
+
+#define KVA_DEC_TRACE_WORDS 12
+/* Set by bench/dec_trace (never by the library): where the next decode
+ * launch writes its per-CTA timeline; launches alternate between two
+ * halves of trace_ctas CTAs each, so two consecutive kernels can be compared. */
+extern unsigned long long *kva_dec_trace_buf;
+extern int kva_dec_trace_ctas;
+extern unsigned kva_dec_trace_launches;
 
 /* One per head dim (decode_dN.cu): the split-KV kernel of (Q type, fp8 KV,
  * m-tiles) on grid (num_workers, hkv * row groups). */

@@ -2,7 +2,10 @@
  * style), device code only; decode_dN.cu launches it.
  *
  * Persistent grid (num_workers, hkv * row groups): CTA (w, y) walks worker
- * w's entry of the plan's split schedule for kv head y % hkv. All query rows
+ * w's entry of the plan's split schedule for kv head y % hkv; the key tiles
+ * of a split request are shared out among its chunks at run time (static
+ * prologue tiles, then a counter), so a chunk on a slow SM does not hold
+ * up the request (see the request loop). All query rows
  * of a request that share the kv head (group heads x 1..8 new tokens, row i
  * = token i / group, head i % group) are the rows of one 16*MT-row tile, so
  * every K/V byte is read once per row group. K/V tiles of BK keys are
@@ -12,8 +15,9 @@
  * O += P V (ldmatrix.trans). At the end of a request chunk the warps' (m, l,
  * O) are merged in smem and written as O (single-chunk request) or as a
  * partial row; the CTA whose chunk of a split request finishes last (a
- * counter per request and grid row, reset by that CTA) merges the partial
- * rows by LSE into O (dec_merge_chunks): no combine kernel.
+ * counter per request and grid row, reset by that CTA with the tile
+ * counter) merges the partial rows by LSE into O (dec_merge_chunks): no
+ * combine kernel.
  *
  * fp8 KV is copied as bytes (half the traffic) and converted in registers:
  * K -> Q's type with the head dim permuted inside each 16-wide k-step (Q is
@@ -166,12 +170,184 @@ static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit
   }
 }
 
+/* One key tile of the ring (K at sk, V at sv; first key kt, keys from k1
+ * on masked): S = Q K^T over each warp's KW keys, mask, soft-cap, online
+ * softmax (m, l), O += P V. */
+template <int D, int QT, int KV8, int MT>
+static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t s_q, uint32_t sk,
+                                                uint32_t sv, int kt, int k1, int cached, int nt,
+                                                const int (&trow)[MT][2], bool mt1, bool cap,
+                                                int swz, int lane, int warp,
+                                                float (&o)[MT][D / 8][4], float (&m)[MT][2],
+                                                float (&l)[MT][2]) {
+  constexpr int KW = KVA_DEC_KW(KV8), BK = KVA_DEC_BK(KV8), NT = KW / 8;
+  constexpr int RS = KVA_DEC_RS(D, KV8), QRS = KVA_DEC_QRS(D), ON = D / 8;
+  const int q = lane & 3;
+  const int kw0 = kt + warp * KW; /* first key of the warp */
+  /* ---- S = Q K^T over this warp's KW keys ---- */
+  float s[MT][NT][4];
+#pragma unroll
+  for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+    for (int j = 0; j < NT; j++) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < D / 16; c++) {
+    uint32_t kb[NT][2];
+    if (KV8) { /* matrix i = keys 8i..8i+7 of the warp, bytes 16c..16c+15 */
+      uint32_t kr[4];
+      kva_ldmatrix_x4(kr, sk + (warp * KW + 8 * (lane >> 3) + (lane & 7)) * RS +
+                              16 * (c ^ swz));
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        kb[j][0] = dec_e4m3x2<QT>(kr[j]);
+        kb[j][1] = dec_e4m3x2<QT>(kr[j] >> 16);
+      }
+    } else { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) of the k-step */
+      uint32_t kr[4];
+      kva_ldmatrix_x4(kr, sk + (warp * KW + (lane >> 4) * 8 + (lane & 7)) * RS +
+                              (16 * c + ((lane >> 3) & 1) * 8) * 2);
+      kb[0][0] = kr[0];
+      kb[0][1] = kr[1];
+      kb[NT - 1][0] = kr[2];
+      kb[NT - 1][1] = kr[3];
+    }
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) {
+      if (mi > 0 && !mt1) continue;
+      uint32_t qa[4];
+      kva_ldmatrix_x4(qa, s_q + (16 * mi + ((lane >> 3) & 1) * 8 + (lane & 7)) * QRS +
+                              (16 * c + (lane >> 4) * 8) * 2);
+#pragma unroll
+      for (int j = 0; j < NT; j++) dec_mma<QT>(s[mi][j], qa, kb[j][0], kb[j][1]);
+    }
+  }
+
+  /* ---- logits (base 2), mask ---- */
+  const bool need_mask = kt + BK > k1 || (a.causal && kt + BK - 1 > cached) ||
+                         (a.window_left >= 0 && kt < cached + nt - 1 - a.window_left);
+#pragma unroll
+  for (int mi = 0; mi < MT; mi++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float x = s[mi][j][e];
+        x = cap ? a.cap_log2 * (1.0f - 2.0f * kva_rcp(kva_ex2(x * a.qk_mul) + 1.0f))
+                : x * a.qk_mul;
+        if (need_mask) {
+          const int key = kw0 + 8 * j + 2 * q + (e & 1), pos = cached + trow[mi][e >> 1];
+          const bool vis = key < k1 && (!a.causal || key <= pos) &&
+                           (a.window_left < 0 || key >= pos - a.window_left);
+          if (!vis) x = -INFINITY;
+        }
+        s[mi][j][e] = x;
+      }
+
+  /* ---- online softmax per row (rows g and g + 8 of each m-tile) ---- */
+#pragma unroll
+  for (int mi = 0; mi < MT; mi++) {
+    if (mi > 0 && !mt1) continue;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h], s[mi][j][2 * h + 1]));
+      mx = kva_quad_max(mx);
+      const float mn = fmaxf(m[mi][h], mx);
+      const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
+      const float sc = kva_ex2(m[mi][h] - mu);
+      m[mi][h] = mn;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        const float p0 = kva_ex2(s[mi][j][2 * h] - mu), p1 = kva_ex2(s[mi][j][2 * h + 1] - mu);
+        s[mi][j][2 * h] = p0;
+        s[mi][j][2 * h + 1] = p1;
+        sum += p0 + p1;
+      }
+      l[mi][h] = l[mi][h] * sc + sum;
+#pragma unroll
+      for (int n = 0; n < ON; n++) {
+        o[mi][n][2 * h] *= sc;
+        o[mi][n][2 * h + 1] *= sc;
+      }
+    }
+  }
+
+  /* ---- O += P V ---- */
+#pragma unroll
+  for (int ks = 0; ks < KW / 16; ks++) {
+    uint32_t pa[MT][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; mi++) {
+      if (KV8) { /* P.V in f16 */
+        pa[mi][0] = kva_pack_f16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+        pa[mi][1] = kva_pack_f16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+        pa[mi][2] = kva_pack_f16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+        pa[mi][3] = kva_pack_f16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+      } else {
+        pa[mi][0] = dec_pack<QT>(s[mi][2 * ks][0], s[mi][2 * ks][1]);
+        pa[mi][1] = dec_pack<QT>(s[mi][2 * ks][2], s[mi][2 * ks][3]);
+        pa[mi][2] = dec_pack<QT>(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
+        pa[mi][3] = dec_pack<QT>(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+      }
+    }
+    /* V rows of the k-step: keys 16 ks + (0-7 | 8-15) of the warp */
+    const uint32_t vrow = sv + (warp * KW + 16 * ks + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS;
+    if (KV8) {
+#pragma unroll
+      for (int b2 = 0; b2 < D / 32; b2++) { /* 32 head dims = two 16-byte blocks */
+        uint32_t vr[4];
+        kva_ldmatrix_x4_trans(vr, vrow + 16 * ((2 * b2 + (lane >> 4)) ^ swz));
+#pragma unroll
+        for (int blk = 0; blk < 2; blk++) {
+          /* bytes (V[2q][2g], V[2q][2g+1], V[2q+1][2g], V[2q+1][2g+1]) ->
+           * (dim 2g: keys 2q, 2q+1 | dim 2g+1: keys 2q, 2q+1) */
+          const uint32_t lo = kva_prmt(vr[2 * blk], 0u, 0x3120u);
+          const uint32_t hi = kva_prmt(vr[2 * blk + 1], 0u, 0x3120u);
+          const uint32_t e0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo & 0xffffu));
+          const uint32_t e1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi & 0xffffu));
+          const uint32_t d0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo >> 16));
+          const uint32_t d1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi >> 16));
+          const int nb = 2 * (2 * b2 + blk); /* even n-tile: dims 2n, odd: 2n + 1 */
+#pragma unroll
+          for (int mi = 0; mi < MT; mi++) {
+            if (mi > 0 && !mt1) continue;
+            kva_mma_f16(o[mi][nb], pa[mi], e0, e1);
+            kva_mma_f16(o[mi][nb + 1], pa[mi], d0, d1);
+          }
+        }
+      }
+    } else {
+#pragma unroll
+      for (int b = 0; b < D / 16; b++) { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) */
+        uint32_t vr[4];
+        kva_ldmatrix_x4_trans(vr, vrow + (16 * b + (lane >> 4) * 8) * 2);
+#pragma unroll
+        for (int mi = 0; mi < MT; mi++) {
+          if (mi > 0 && !mt1) continue;
+          dec_mma<QT>(o[mi][2 * b], pa[mi], vr[0], vr[1]);
+          dec_mma<QT>(o[mi][2 * b + 1], pa[mi], vr[2], vr[3]);
+        }
+      }
+    }
+  }
+}
+
+/* bench/dec_trace's timeline: thread 0 stamps word w of its CTA's record
+ * (a.trace is NULL in the library: one predicted branch). */
+#define KVA_DEC_STAMP(w, value)                                                            \
+  do {                                                                                     \
+    if (a.trace && tid == 0)                                                               \
+      a.trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_DEC_TRACE_WORDS + (w)] = \
+          (value);                                                                         \
+  } while (0)
+
 template <int D, int QT, int KV8, int MT>
 __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     kva_dec_kernel(const kva_dec_args a) {
   constexpr int KVB = KV8 ? 1 : 2;
-  constexpr int KW = KVA_DEC_KW(KV8), BK = KVA_DEC_BK(KV8), NT = KW / 8;
-  constexpr int RS = KVA_DEC_RS(D, KV8), QRS = KVA_DEC_QRS(D);
+  constexpr int BK = KVA_DEC_BK(KV8);
   constexpr int TILE = KVA_DEC_TILE_BYTES(D, KV8), STAGE = KVA_DEC_STAGE_BYTES(D, KV8);
   constexpr int STAGES = KVA_DEC_STAGES(D, KV8, MT), QB = KVA_DEC_Q_BYTES(D, MT);
   constexpr int ON = D / 8; /* O n-tiles */
@@ -186,7 +362,13 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
   /* a PDL-launched kernel after this one (the next layer's decode) may be
    * scheduled now; it waits for this grid's end before touching memory */
   kva_griddep_launch_dependents();
-  if ((int)blockIdx.x >= hdr->num_workers) return;
+  KVA_DEC_STAMP(0, kva_globaltimer());
+  unsigned trace_chunks = 0, trace_merges = 0;
+  if ((int)blockIdx.x >= hdr->num_workers) {
+    KVA_DEC_STAMP(8, kva_globaltimer());
+    KVA_DEC_STAMP(9, kva_smid());
+    return;
+  }
   const int kvh = (int)blockIdx.y % a.hkv, rg = (int)blockIdx.y / a.hkv;
   const int row0 = rg * ROWS;
   const kva_split_work wk = a.sched[blockIdx.x];
@@ -194,6 +376,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
   float *const scr_o = (float *)(smem + QB);               /* [4][ROWS][OS], after the loop */
   float *const scr_m = scr_o + KVA_DEC_WARPS * ROWS * OS;   /* [4][ROWS] */
   float *const scr_l = scr_m + KVA_DEC_WARPS * ROWS;        /* [4][ROWS] */
+  int *const claim_s = (int *)(smem + KVA_DEC_RING_END(D, KV8, MT)); /* [KVA_DEC_CLAIM_SLOTS] */
   const int64_t row_bytes = (int64_t)a.hkv * D * KVB;
   const unsigned char *const kg = (const unsigned char *)a.k + (size_t)kvh * D * KVB;
   const unsigned char *const vg = (const unsigned char *)a.v + (size_t)kvh * D * KVB;
@@ -210,11 +393,42 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     if (row0 >= rows) continue; /* no rows of this row group */
     const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
     const int split = r == wk.begin_req ? wk.begin_split : 0;
-    const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
-    int k0 = r == wk.begin_req ? wk.begin_pos : 0;
     /* keys below every row's window are skipped, not loaded */
-    if (a.window_left >= 0 && cached - a.window_left > k0) k0 = cached - a.window_left;
+    const int kstart =
+        a.window_left >= 0 && cached - a.window_left > 0 ? cached - a.window_left : 0;
+    /* Key tiles: tile t covers keys [k0 + t BK, ...) below k1. By default
+     * this chunk's planned range [begin_pos, end_pos) in order. But the
+     * chunks of a split request whose workers have no other request
+     * ("dedicated": all of a long request's chunks but the first and last,
+     * which share a worker with other requests) share their keys at run
+     * time, unless the plan is deterministic: SMs do not stream at the same
+     * rate (on the H100 some finished equal shares 20-30% early), and a
+     * static split ends on its slowest chunk. Dedicated chunk jd (of nd)
+     * starts with the pool's tiles [jd (STAGES-1), (jd+1) (STAGES-1)) (its
+     * prologue) and then claims tiles nd (STAGES-1) + c from a counter per
+     * (request, grid row) until they run out. The first and last chunks keep
+     * their planned ranges, so a worker's other requests are not delayed. */
+    int k0 = r == wk.begin_req ? wk.begin_pos : 0, k1 = r == wk.end_req ? wk.end_pos : kv_len;
+    bool dyn = false;
+    int st0 = 0, dbase = 0;
+    if (nsplit > 1 && !a.deterministic && wk.begin_req == r && wk.end_req == r) {
+      /* the chunks of r belong to consecutive workers */
+      const int w0 = (int)blockIdx.x - split, wl = w0 + nsplit - 1;
+      const kva_split_work s0 = a.sched[w0], sl = a.sched[wl];
+      const bool d0 = s0.begin_req == r && s0.end_req == r, dl = sl.end_req == r;
+      const int nd = nsplit - !d0 - !dl;
+      if (nd >= 2) {
+        dyn = true;
+        k0 = d0 ? 0 : a.sched[w0 + 1].begin_pos;
+        k1 = dl ? kv_len : sl.begin_pos;
+        st0 = (split - !d0) * (STAGES - 1);
+        dbase = nd * (STAGES - 1);
+      }
+    }
+    if (k0 < kstart) k0 = kstart;
     const int ntiles = k1 > k0 ? (k1 - k0 + BK - 1) / BK : 0;
+    const int nst = ntiles - st0 < 0 ? 0 : ntiles - st0 < STAGES - 1 ? ntiles - st0 : STAGES - 1;
+    int32_t *const claim_ctr = a.tile_claim + (size_t)r * a.hq + blockIdx.y;
     const int tok0 = a.cu_q[r];
     const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
     const bool mt1 = MT > 1 && rows - row0 > 16; /* second m-tile holds rows */
@@ -226,24 +440,6 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
 #pragma unroll
       for (int h = 0; h < 2; h++) trow[mi][h] = (row0 + 16 * mi + g + 8 * h) / a.group;
 
-    /* pipeline prologue: tiles 0 .. STAGES-2, one commit group each */
-    int pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
-    /* Q, KV and the outputs belong to the kernels before this one (plan
-     * data was copied before them): wait for them (PDL launch) */
-    kva_griddep_wait();
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-      if (s < ntiles) {
-        dec_issue<D, KV8>(s_ring + s * STAGE, s_ring + s * STAGE + TILE, pre, kg, vg, row_bytes,
-                          tid);
-        pre = dec_pre<D, KV8>(pt, k0 + (s + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
-      }
-      kva_cp_async_commit();
-    }
-    /* Q after the KV copies are in flight (plain loads; visible to every
-     * warp after the first barrier of the key loop) */
-    dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
-
     float o[MT][ON][4], m[MT][2], l[MT][2];
 #pragma unroll
     for (int mi = 0; mi < MT; mi++) {
@@ -253,10 +449,29 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       l[mi][0] = l[mi][1] = 0.0f;
     }
 
-    for (int it = 0; it < ntiles; it++) {
-      kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
-      __syncthreads();                 /* everyone's did; tile it-1's stage is free */
-      {
+    if (!dyn) { /* this chunk's planned keys, in order */
+      /* pipeline prologue: tiles 0 .. STAGES-2, one commit group each */
+      int pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
+      /* Q, KV and the outputs belong to the kernels before this one (plan
+       * data was copied before them): wait for them (PDL launch) */
+      kva_griddep_wait();
+      if (trace_chunks == 0) KVA_DEC_STAMP(1, kva_globaltimer());
+#pragma unroll
+      for (int s = 0; s < STAGES - 1; s++) {
+        if (s < ntiles) {
+          dec_issue<D, KV8>(s_ring + s * STAGE, s_ring + s * STAGE + TILE, pre, kg, vg, row_bytes,
+                            tid);
+          pre = dec_pre<D, KV8>(pt, k0 + (s + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
+        }
+        kva_cp_async_commit();
+      }
+      /* Q after the KV copies are in flight (plain loads; visible to every
+       * warp after the first barrier of the key loop) */
+      dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+      for (int it = 0; it < ntiles; it++) {
+        kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
+        __syncthreads();                 /* everyone's did; tile it-1's stage is free */
+        if (it == 0 && trace_chunks == 0) KVA_DEC_STAMP(2, kva_globaltimer());
         const int nx = it + STAGES - 1;
         if (nx < ntiles) {
           const uint32_t st = s_ring + (nx % STAGES) * STAGE;
@@ -264,161 +479,97 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
           pre = dec_pre<D, KV8>(pt, k0 + (nx + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
         }
         kva_cp_async_commit();
+        const uint32_t sk = s_ring + (it % STAGES) * STAGE;
+        dec_tile<D, QT, KV8, MT>(a, s_q, sk, sk + TILE, k0 + it * BK, k1, cached, nt, trow, mt1,
+                                 cap, swz, lane, warp, o, m, l);
       }
-      const uint32_t sk = s_ring + (it % STAGES) * STAGE, sv = sk + TILE;
-      const int kt = k0 + it * BK, kw0 = kt + warp * KW; /* first key of the tile, of the warp */
-
-      /* ---- S = Q K^T over this warp's KW keys ---- */
-      float s[MT][NT][4];
+    } else { /* a dedicated chunk: static prologue tiles, then claims */
+      /* pipeline prologue: slots 0 .. STAGES-2, one commit group each, this
+       * chunk's static tiles first (known before the claim returns) */
+      int pre = nst > 0 ? dec_pre<D, KV8>(pt, k0 + st0 * BK, k1, ps, ps_mul, ps_shift, tid) : -1;
+      /* Q, KV, the outputs and the tile counters belong to the kernels before
+       * this one (plan data was copied before them): wait for them (PDL) */
+      kva_griddep_wait();
+      if (trace_chunks == 0) KVA_DEC_STAMP(1, kva_globaltimer());
+      int claim0 = 0;
+      if (tid == 0) claim0 = atomicAdd(claim_ctr, STAGES + 1 - nst); /* slots nst .. STAGES */
 #pragma unroll
-      for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int j = 0; j < NT; j++) s[mi][j][0] = s[mi][j][1] = s[mi][j][2] = s[mi][j][3] = 0.0f;
-#pragma unroll
-      for (int c = 0; c < D / 16; c++) {
-        uint32_t kb[NT][2];
-        if (KV8) { /* matrix i = keys 8i..8i+7 of the warp, bytes 16c..16c+15 */
-          uint32_t kr[4];
-          kva_ldmatrix_x4(kr, sk + (warp * KW + 8 * (lane >> 3) + (lane & 7)) * RS +
-                                  16 * (c ^ swz));
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            kb[j][0] = dec_e4m3x2<QT>(kr[j]);
-            kb[j][1] = dec_e4m3x2<QT>(kr[j] >> 16);
-          }
-        } else { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) of the k-step */
-          uint32_t kr[4];
-          kva_ldmatrix_x4(kr, sk + (warp * KW + (lane >> 4) * 8 + (lane & 7)) * RS +
-                                  (16 * c + ((lane >> 3) & 1) * 8) * 2);
-          kb[0][0] = kr[0];
-          kb[0][1] = kr[1];
-          kb[NT - 1][0] = kr[2];
-          kb[NT - 1][1] = kr[3];
-        }
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++) {
-          if (mi > 0 && !mt1) continue;
-          uint32_t qa[4];
-          kva_ldmatrix_x4(qa, s_q + (16 * mi + ((lane >> 3) & 1) * 8 + (lane & 7)) * QRS +
-                                  (16 * c + (lane >> 4) * 8) * 2);
-#pragma unroll
-          for (int j = 0; j < NT; j++) dec_mma<QT>(s[mi][j], qa, kb[j][0], kb[j][1]);
+      for (int i = 0; i < STAGES - 1; i++) {
+        if (i < nst) {
+          dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE, pre, kg, vg, row_bytes,
+                            tid);
+          kva_cp_async_commit();
+          if (i + 1 < nst && i + 1 < STAGES - 1)
+            pre = dec_pre<D, KV8>(pt, k0 + (st0 + i + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
         }
       }
-
-      /* ---- logits (base 2), mask ---- */
-      const bool need_mask = kt + BK > k1 || (a.causal && kt + BK - 1 > cached) ||
-                             (a.window_left >= 0 && kt < cached + nt - 1 - a.window_left);
+      /* Q after the KV copies are in flight (plain loads; visible to every
+       * warp after the first barrier of the key loop) */
+      dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+      int seq[STAGES + 1];
 #pragma unroll
-      for (int mi = 0; mi < MT; mi++)
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            float x = s[mi][j][e];
-            x = cap ? a.cap_log2 * (1.0f - 2.0f * kva_rcp(kva_ex2(x * a.qk_mul) + 1.0f))
-                    : x * a.qk_mul;
-            if (need_mask) {
-              const int key = kw0 + 8 * j + 2 * q + (e & 1), pos = cached + trow[mi][e >> 1];
-              const bool vis = key < k1 && (!a.causal || key <= pos) &&
-                               (a.window_left < 0 || key >= pos - a.window_left);
-              if (!vis) x = -INFINITY;
-            }
-            s[mi][j][e] = x;
+      for (int i = 0; i <= STAGES; i++) seq[i] = i < nst ? st0 + i : -1;
+      { /* the claimed slots, through smem */
+        if (tid == 0)
+          for (int i = nst; i <= STAGES; i++) {
+            const int t = dbase + claim0 + (i - nst);
+            claim_s[i] = t < ntiles ? t : -1;
           }
-
-      /* ---- online softmax per row (rows g and g + 8 of each m-tile) ---- */
+        __syncthreads();
 #pragma unroll
-      for (int mi = 0; mi < MT; mi++) {
-        if (mi > 0 && !mt1) continue;
+        for (int i = 0; i <= STAGES; i++)
+          if (i >= nst) seq[i] = claim_s[i];
+        __syncthreads(); /* claim_s read before the key loop's slot writes */
+      }
+      /* the prologue slots that are not static */
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int j = 0; j < NT; j++) mx = fmaxf(mx, fmaxf(s[mi][j][2 * h], s[mi][j][2 * h + 1]));
-          mx = kva_quad_max(mx);
-          const float mn = fmaxf(m[mi][h], mx);
-          const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
-          const float sc = kva_ex2(m[mi][h] - mu);
-          m[mi][h] = mn;
-          float sum = 0.0f;
-#pragma unroll
-          for (int j = 0; j < NT; j++) {
-            const float p0 = kva_ex2(s[mi][j][2 * h] - mu), p1 = kva_ex2(s[mi][j][2 * h + 1] - mu);
-            s[mi][j][2 * h] = p0;
-            s[mi][j][2 * h + 1] = p1;
-            sum += p0 + p1;
+      for (int i = 0; i < STAGES - 1; i++) {
+        if (i >= (nst < STAGES - 1 ? nst : STAGES - 1)) {
+          if (seq[i] >= 0) {
+            pre = dec_pre<D, KV8>(pt, k0 + seq[i] * BK, k1, ps, ps_mul, ps_shift, tid);
+            dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE, pre, kg, vg, row_bytes,
+                              tid);
           }
-          l[mi][h] = l[mi][h] * sc + sum;
-#pragma unroll
-          for (int n = 0; n < ON; n++) {
-            o[mi][n][2 * h] *= sc;
-            o[mi][n][2 * h + 1] *= sc;
-          }
+          kva_cp_async_commit();
         }
       }
+      pre = seq[STAGES - 1] >= 0
+                ? dec_pre<D, KV8>(pt, k0 + seq[STAGES - 1] * BK, k1, ps, ps_mul, ps_shift, tid)
+                : -1;
 
-      /* ---- O += P V ---- */
-#pragma unroll
-      for (int ks = 0; ks < KW / 16; ks++) {
-        uint32_t pa[MT][4];
-#pragma unroll
-        for (int mi = 0; mi < MT; mi++) {
-          if (KV8) { /* P.V in f16 */
-            pa[mi][0] = kva_pack_f16x2(s[mi][2 * ks][0], s[mi][2 * ks][1]);
-            pa[mi][1] = kva_pack_f16x2(s[mi][2 * ks][2], s[mi][2 * ks][3]);
-            pa[mi][2] = kva_pack_f16x2(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
-            pa[mi][3] = kva_pack_f16x2(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
-          } else {
-            pa[mi][0] = dec_pack<QT>(s[mi][2 * ks][0], s[mi][2 * ks][1]);
-            pa[mi][1] = dec_pack<QT>(s[mi][2 * ks][2], s[mi][2 * ks][3]);
-            pa[mi][2] = dec_pack<QT>(s[mi][2 * ks + 1][0], s[mi][2 * ks + 1][1]);
-            pa[mi][3] = dec_pack<QT>(s[mi][2 * ks + 1][2], s[mi][2 * ks + 1][3]);
+      for (int it = 0; seq[0] >= 0; it++) {
+        kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile seq[0] landed */
+        __syncthreads();                 /* everyone's did; the previous tile's stage is free */
+        if (it == 0 && trace_chunks == 0) KVA_DEC_STAMP(2, kva_globaltimer());
+        if (it > 0) seq[STAGES] = claim_s[it & 1]; /* written before the barrier */
+        int claim = 0;
+        if (tid == 0) claim = atomicAdd(claim_ctr, 1); /* slot STAGES + 1, read below */
+        {
+          if (seq[STAGES - 1] >= 0) {
+            const uint32_t st = s_ring + ((it + STAGES - 1) % STAGES) * STAGE;
+            dec_issue<D, KV8>(st, st + TILE, pre, kg, vg, row_bytes, tid);
           }
+          pre = seq[STAGES] >= 0
+                    ? dec_pre<D, KV8>(pt, k0 + seq[STAGES] * BK, k1, ps, ps_mul, ps_shift, tid)
+                    : -1;
+          kva_cp_async_commit();
         }
-        /* V rows of the k-step: keys 16 ks + (0-7 | 8-15) of the warp */
-        const uint32_t vrow = sv + (warp * KW + 16 * ks + ((lane >> 3) & 1) * 8 + (lane & 7)) * RS;
-        if (KV8) {
-#pragma unroll
-          for (int b2 = 0; b2 < D / 32; b2++) { /* 32 head dims = two 16-byte blocks */
-            uint32_t vr[4];
-            kva_ldmatrix_x4_trans(vr, vrow + 16 * ((2 * b2 + (lane >> 4)) ^ swz));
-#pragma unroll
-            for (int blk = 0; blk < 2; blk++) {
-              /* bytes (V[2q][2g], V[2q][2g+1], V[2q+1][2g], V[2q+1][2g+1]) ->
-               * (dim 2g: keys 2q, 2q+1 | dim 2g+1: keys 2q, 2q+1) */
-              const uint32_t lo = kva_prmt(vr[2 * blk], 0u, 0x3120u);
-              const uint32_t hi = kva_prmt(vr[2 * blk + 1], 0u, 0x3120u);
-              const uint32_t e0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo & 0xffffu));
-              const uint32_t e1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi & 0xffffu));
-              const uint32_t d0 = kva_cvt_e4m3x2_f16x2((uint16_t)(lo >> 16));
-              const uint32_t d1 = kva_cvt_e4m3x2_f16x2((uint16_t)(hi >> 16));
-              const int nb = 2 * (2 * b2 + blk); /* even n-tile: dims 2n, odd: 2n + 1 */
-#pragma unroll
-              for (int mi = 0; mi < MT; mi++) {
-                if (mi > 0 && !mt1) continue;
-                kva_mma_f16(o[mi][nb], pa[mi], e0, e1);
-                kva_mma_f16(o[mi][nb + 1], pa[mi], d0, d1);
-              }
-            }
-          }
-        } else {
-#pragma unroll
-          for (int b = 0; b < D / 16; b++) { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) */
-            uint32_t vr[4];
-            kva_ldmatrix_x4_trans(vr, vrow + (16 * b + (lane >> 4) * 8) * 2);
-#pragma unroll
-            for (int mi = 0; mi < MT; mi++) {
-              if (mi > 0 && !mt1) continue;
-              dec_mma<QT>(o[mi][2 * b], pa[mi], vr[0], vr[1]);
-              dec_mma<QT>(o[mi][2 * b + 1], pa[mi], vr[2], vr[3]);
-            }
-          }
+        const uint32_t sk = s_ring + (it % STAGES) * STAGE, sv = sk + TILE;
+        dec_tile<D, QT, KV8, MT>(a, s_q, sk, sv, k0 + seq[0] * BK, k1, cached, nt, trow, mt1, cap,
+                                 swz, lane, warp, o, m, l);
+        /* the claim for slot STAGES + 1 (its latency hidden behind this tile) */
+        if (tid == 0) {
+          const int t = dbase + claim;
+          claim_s[(it + 1) & 1] = t < ntiles ? t : -1;
         }
+#pragma unroll
+        for (int i = 0; i < STAGES; i++) seq[i] = seq[i + 1];
       }
     }
     kva_cp_async_wait<0>(); /* only empty groups remain; the ring becomes scratch */
     __syncthreads();
+    trace_chunks++;
+    KVA_DEC_STAMP(3, kva_globaltimer());
 
     /* ---- merge the 4 warps' states: registers -> scratch ---- */
 #pragma unroll
@@ -483,24 +634,30 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       }
     }
     if (nsplit > 1) {
-      /* Publish this chunk (fence, then count it); the chunk that completes
-       * the count merges all of them and resets the count for the next run. */
-      __threadfence();
-      __syncthreads(); /* the CTA's partial rows are written and fenced; scratch is read */
+      /* Publish this chunk and count it; the chunk that completes the count
+       * merges all of them and resets the counters for the next run. */
+      KVA_DEC_STAMP(4, kva_globaltimer());
+      __syncthreads(); /* the CTA's partial rows are written; scratch is read */
       if (tid == 0) {
-        int32_t *const sem = a.split_sem + (size_t)r * a.hq + blockIdx.y;
-        const int last = atomicAdd(sem, 1) == nsplit - 1;
-        if (last) atomicExch(sem, 0); /* every chunk has counted */
+        const int last = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
+        if (last) atomicExch(claim_ctr, 0); /* every chunk has stopped claiming */
         scr_m[0] = last ? 1.0f : 0.0f;
       }
       __syncthreads();
       if (scr_m[0] != 0.0f) {
-        __threadfence(); /* the other chunks' rows, published before their count */
+        trace_merges++;
+        KVA_DEC_STAMP(5, kva_globaltimer());
+        KVA_DEC_STAMP(6, kva_globaltimer());
         dec_merge_chunks<D, QT>(a, r, nsplit, nt, tok0, kvh, row0, rows_here, tid);
+        KVA_DEC_STAMP(7, kva_globaltimer());
       }
     }
     __syncthreads(); /* scratch read before the next request's Q and ring writes */
   }
+  KVA_DEC_STAMP(8, kva_globaltimer());
+  KVA_DEC_STAMP(9, kva_smid());
+  KVA_DEC_STAMP(10, trace_chunks);
+  KVA_DEC_STAMP(11, trace_merges);
 }
 
 #endif /* KVA_CUDA_DECODE_KERNEL_CUH */

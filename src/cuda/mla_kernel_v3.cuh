@@ -384,17 +384,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       }
     }
     if (nsplit > 1) {
-      __threadfence();
-      __syncthreads(); /* the CTA's partial rows are written and fenced */
-      if (tid == 0) {
-        int32_t *const sem = a.split_sem + (size_t)r * a.hq + blockIdx.y;
-        const int last = atomicAdd(sem, 1) == nsplit - 1;
-        if (last) atomicExch(sem, 0);
-        *flag = last;
-      }
+      /* Count this chunk (split_merge.cuh); the chunk that completes the
+       * count merges all of them. */
+      __syncthreads(); /* the CTA's partial rows are written */
+      if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
       __syncthreads();
       if (*flag) {
-        __threadfence();
         const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
         mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
       }

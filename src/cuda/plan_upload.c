@@ -47,7 +47,8 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   cp->page_table_off = m.page_table;
   cudaError_t e = cudaMalloc((void **)&cp->d_meta, cp->meta_ints * 4);
   if (e == cudaSuccess) e = cudaMallocHost((void **)&cp->h_meta, cp->meta_ints * 4);
-  const size_t sem_bytes = (size_t)plan->cfg.max_batch * plan->cfg.num_qo_heads * 4;
+  /* split counters, then the decode kernel's tile counters (one block) */
+  const size_t sem_bytes = (size_t)plan->cfg.max_batch * plan->cfg.num_qo_heads * 4 * 2;
   if (e == cudaSuccess) e = cudaMalloc((void **)&cp->d_split_sem, sem_bytes);
   if (e == cudaSuccess) e = cudaEventCreateWithFlags(&cp->upload_done, cudaEventDisableTiming);
   if (e != cudaSuccess) {
@@ -72,6 +73,7 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   cp->d_split_row_offset = d + m.split_rows;
   cp->d_split_schedule = (kva_split_work *)(d + m.sched);
   cp->d_page_table = d + m.page_table;
+  cp->d_tile_claim = cp->d_split_sem + (size_t)plan->cfg.max_batch * plan->cfg.num_qo_heads;
   /* the whole block once, so kernels captured before any batch read zeros */
   cudaStream_t s = kva_cuda_state_of(plan->ctx)->stream;
   e = cudaMemcpyAsync(cp->d_meta, cp->h_meta, cp->meta_ints * 4, cudaMemcpyHostToDevice, s);

@@ -188,8 +188,6 @@ template <int N>
 static __device__ __forceinline__ void kva_wgmma_wait(void) {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-/* Makes this thread's generic-proxy shared writes (st.shared, cp.async)
- * visible to the async proxy (wgmma operands). */
 /* Programmatic dependent launch: a kernel launched with the programmatic
  * stream serialization attribute may start once every CTA of the kernel
  * before it called launch_dependents (or exited); wait blocks until that
@@ -200,6 +198,28 @@ static __device__ __forceinline__ void kva_griddep_launch_dependents(void) {
 static __device__ __forceinline__ void kva_griddep_wait(void) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
+/* Atomic add with acquire-release semantics at GPU scope; the old value.
+ * After a __syncthreads, thread 0's release covers the whole CTA's writes
+ * (cumulativity), and its acquire followed by a __syncthreads orders the
+ * CTA's later reads after the writes it observed: no fence per thread. */
+static __device__ __forceinline__ int kva_atom_add_acq_rel_gpu(int *p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+/* Nanoseconds, one clock for all SMs (timelines across CTAs). */
+static __device__ __forceinline__ unsigned long long kva_globaltimer(void) {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+static __device__ __forceinline__ unsigned kva_smid(void) {
+  unsigned s;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(s));
+  return s;
+}
+/* Makes this thread's generic-proxy shared writes (st.shared, cp.async)
+ * visible to the async proxy (wgmma operands). */
 static __device__ __forceinline__ void kva_fence_proxy_async_smem(void) {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }

@@ -42,4 +42,5 @@ int __any_sync(unsigned mask, int pred);
 static inline int atomicAdd(int *p, int v) { const int o = *p; *p += v; return o; }
 static inline int atomicExch(int *p, int v) { const int o = *p; *p = v; return o; }
 static inline void __threadfence() {}
+static inline int kva_atom_add_acq_rel_gpu(int *p, int v) { return atomicAdd(p, v); }
 template <class T> static inline T __ldcg(const T *p) { return *p; }

@@ -11,6 +11,9 @@
 #include "cuda/ptx.cuh"
 #include <algorithm>
 #include <map>
+#include <vector>
+#include <string.h>
+#include <stdlib.h>
 extern "C" {
 #include "core/dtype.h"
 }
@@ -479,7 +482,16 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
   g_body = body;
   NTH = nthreads;
   emu_gridDim = dim3(grid, 1, 1);
-  for (int b = 0; b < grid; b++) {
+  /* EMU_CTA_ORDER=reverse|shuffle: CTAs in another order than blockIdx (one at
+   * a time either way), for kernels whose CTAs share work at run time */
+  std::vector<int> cta_order(grid);
+  for (int b = 0; b < grid; b++) cta_order[b] = b;
+  const char *ord = getenv("EMU_CTA_ORDER");
+  if (ord && !strcmp(ord, "reverse")) std::reverse(cta_order.begin(), cta_order.end());
+  if (ord && !strcmp(ord, "shuffle"))
+    for (int b = grid - 1; b > 0; b--) std::swap(cta_order[b], cta_order[sched_rand() % (b + 1)]);
+  for (int bi = 0; bi < grid; bi++) {
+    const int b = cta_order[bi];
     emu_blockIdx = dim3(b, 1, 1);
     memset(smem, 0xff, sizeof smem); /* garbage */
     memset(chunk_stamp, 0, sizeof chunk_stamp);

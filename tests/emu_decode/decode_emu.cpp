@@ -143,6 +143,8 @@ static int run_case(const Case &c, int idx) {
   a.part_o = part_o.data(); a.part_lse = part_lse.data();
   std::vector<int32_t> sem((size_t)(B + 2) * c.hq, 0); /* capacity rows, zeroed once */
   a.split_sem = sem.data();
+  std::vector<int32_t> claim((size_t)(B + 2) * c.hq, 0); /* tile counters, zeroed once */
+  a.tile_claim = claim.data();
   a.k = kp; a.v = vp;
   a.hq = c.hq; a.hkv = c.hkv; a.group = group; a.page_size = c.ps;
   { int l = 0; while ((1u << l) < (uint32_t)c.ps) l++;
@@ -168,6 +170,8 @@ static int run_case(const Case &c, int idx) {
   /* the last chunk of each split request reset its count */
   for (size_t i = 0; i < sem.size(); i++)
     if (sem[i] != 0) { printf("case %d: split_sem[%zu] = %d after the run\n", idx, i, (int)sem[i]); return 1; }
+  for (size_t i = 0; i < claim.size(); i++)
+    if (claim[i] != 0) { printf("case %d: tile_claim[%zu] = %d after the run\n", idx, i, (int)claim[i]); return 1; }
 
   /* reference */
   double max_err = 0, max_lse_err = 0, se = 0, sr = 0;
@@ -250,6 +254,12 @@ int main(int argc, char **argv) {
   cases.push_back({64, KVA_F16, 1, 8, 16, 1, 1, 5, 3, 16, 8, 0.f, 0.f, {60}, {8}});
   /* window leaves whole chunks without keys */
   cases.push_back({128, KVA_F16, 0, 4, 4, 1, 1, 3, 6, 16, 8, 0.f, 0.f, {400}, {2}});
+  /* long split requests: most tiles are claimed at run time (the kernel's
+   * dynamic tile counters); run with EMU_CTA_ORDER=reverse|shuffle too */
+  cases.push_back({128, KVA_BF16, 0, 16, 4, 1, 1, -1, 3, 16, 1, 0.f, 0.f, {3000}, {1}});
+  cases.push_back({128, KVA_F16, 1, 16, 8, 2, 1, -1, 4, 32, 8, 0.f, 0.f, {2500, 1800}, {2, 1}});
+  cases.push_back({64, KVA_BF16, 0, 5, 8, 2, 1, 700, 5, 16, 8, 0.f, 0.f, {2000, 900}, {3, 1}});
+  cases.push_back({256, KVA_BF16, 0, 16, 4, 1, 1, -1, 4, 64, 8, 7.f, 0.f, {1500}, {2}});
   /* random sweep */
   const int nrand = argc > 2 ? atoi(argv[2]) : 40;
   for (int i = 0; i < nrand; i++) {
@@ -271,7 +281,7 @@ int main(int argc, char **argv) {
     c.sm_scale = rnd() % 4 == 0 ? 0.05f + (rnd() % 100) * 0.002f : 0.f;
     int B = 1 + rnd() % 4;
     for (int r = 0; r < B; r++) {
-      c.cached.push_back(rnd() % 4 == 0 ? 0 : (int)(rnd() % 300));
+      c.cached.push_back(rnd() % 4 == 0 ? 0 : (int)(rnd() % (rnd() % 5 == 0 ? 2500 : 300)));
       c.nnew.push_back(rnd() % 6 == 0 ? 9 + (int)(rnd() % 20) : 1 + (int)(rnd() % c.max_q_cap));
     }
     cases.push_back(c);
