@@ -14,14 +14,4 @@ for rep in $(seq "$n"); do
       "$bin" bench $c $cfg 2>/dev/null | sed "s|^{|{\"bin\":\"$(basename "$bin")\",|"
     done
   done
-done | python3 -c '
-import sys, json, collections
-d = collections.defaultdict(list)
-for l in sys.stdin:
-    r = json.loads(l)
-    d[(r["batch"], r["ctx"], r["varlen"], r["kv_dtype"], r["bin"])].append((r["time_ms"], r["ratio"]))
-for k in sorted(d):
-    ts = sorted(t for t, _ in d[k]); rs = sorted(x for _, x in d[k])
-    print("B=%d L=%d var=%d %s %-10s ms %s ratio %s" % (k[0], k[1], k[2], k[3], k[4],
-          " ".join("%.4f" % t for t in ts), " ".join("%.3f" % x for x in rs)))
-'
+done | python3 "$(dirname "$0")/ab_summary.py" decode

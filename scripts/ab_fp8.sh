@@ -14,14 +14,4 @@ for rep in $(seq "$n"); do
       done
     done
   done
-done | python3 -c '
-import sys, json, collections, statistics
-d = collections.defaultdict(list)
-for l in sys.stdin:
-    r = json.loads(l)
-    d[(r["bin"], r["batch"], r["ctx"], r["kv_dtype"])].append(r["time_ms"])
-for b in sorted({k[0] for k in d}):
-    for (bb, B, L, kv) in sorted(k for k in d if k[0] == b and k[3] == "fp8"):
-        t8 = statistics.median(d[(b, B, L, "fp8")]); t16 = statistics.median(d[(b, B, L, "bf16")])
-        print("%-10s B=%-3d L=%-6d fp8 %.4f ms  bf16 %.4f ms  fp8 tokens/s = %.3fx bf16" % (b, B, L, t8, t16, t16 / t8))
-'
+done | python3 "$(dirname "$0")/ab_summary.py" fp8

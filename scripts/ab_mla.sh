@@ -13,15 +13,4 @@ for rep in $(seq "$n"); do
         sed "s|^{|{\"kernel\":\"$v\",|"
     done
   done
-done | python3 -c '
-import sys, json, collections, statistics
-d = collections.defaultdict(list)
-for l in sys.stdin:
-    r = json.loads(l)
-    d[(r["sq"], int(r["heads"].split(":")[0]), r["ctx"], r["varlen"], r["kv_dtype"], r["kernel"])].append(r)
-for k in sorted(d):
-    rs = d[k]; t = statistics.median(x["time_ms"] for x in rs)
-    r = min(rs, key=lambda x: abs(x["time_ms"] - t))
-    print("sq=%d h=%-3d sk=%-5d var=%d %-4s %s %.4f ms %5.0f GB/s ratio %.3f %6.1f TFLOP/s [%s]" % (
-        k[0], k[1], k[2], k[3], k[4], k[5], t, r["kv_gbps"], r["ratio"], r["tflops"], r["bound"]))
-'
+done | python3 "$(dirname "$0")/ab_summary.py" mla

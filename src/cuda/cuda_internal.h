@@ -24,6 +24,30 @@ kva_status kva_cuda_error(cudaError_t err, const char *what, const char *file, i
 /* After every kernel launch. */
 #define KVA_CUDA_LAUNCH_CHECK(name) KVA_CUDA_TRY(cudaGetLastError())
 
+/* Devices whose shared-memory opt-in a launcher remembers; on a higher
+ * ordinal it opts in at every launch. */
+#define KVA_CUDA_OPTIN_DEVICES 64
+/* Lets kernel fn use smem bytes of dynamic shared memory on the current
+ * device. The attribute is per device and a context may be on any, but
+ * setting it at every launch (every layer of every step) is host work:
+ * done (one static table per kernel, zero-initialized) remembers per
+ * device ordinal the bytes already set. Contexts on other host threads
+ * may race here: both then set it, which is harmless, and a stale 0 only
+ * sets it again. A failed set is returned and not remembered. Assumes no
+ * cudaDeviceReset while the library is in use (it would drop the
+ * attribute but not the table). */
+static inline cudaError_t kva_cuda_smem_optin(const void *fn, int smem,
+                                              int done[KVA_CUDA_OPTIN_DEVICES]) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  const int cached = dev >= 0 && dev < KVA_CUDA_OPTIN_DEVICES;
+  if (cached && __atomic_load_n(&done[dev], __ATOMIC_ACQUIRE) == smem) return cudaSuccess;
+  e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (e == cudaSuccess && cached) __atomic_store_n(&done[dev], smem, __ATOMIC_RELEASE);
+  return e;
+}
+
 typedef struct kva_cuda_state {
   int device;
   int num_sms;

@@ -9,9 +9,8 @@
 template <int D, int QT, int KV8, int MT>
 static kva_status dec_launch(const kva_dec_args *a, unsigned gx, unsigned gy, cudaStream_t s) {
   const int smem = KVA_DEC_SMEM(D, KV8, MT);
-  /* per call: the attribute is per device, and a context may be on any */
-  KVA_CUDA_TRY(cudaFuncSetAttribute(kva_dec_kernel<D, QT, KV8, MT>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
+  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)kva_dec_kernel<D, QT, KV8, MT>, smem, optin));
   /* a programmatic dependent of whatever kernel precedes it on the stream
    * (the KV store, say): its launch and page-table lookups overlap that
    * kernel's tail; it reads Q and KV only after griddepcontrol.wait */

@@ -7,14 +7,15 @@
 #include "cuda/extend_kernel.cuh"
 
 /* Host launcher of an extend kernel (any of the three): opts into its
- * smem and sizes the persistent grid once (cached in *grid), then launches
- * it over at most max_items CTAs. */
-static kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int threads, int smem,
-                                        const char *what, int head_dim, const kva_ext_args *a,
-                                        int num_sms, int max_items, int *grid,
-                                        cudaStream_t stream) {
+ * smem (optin: the kernel's table, see kva_cuda_smem_optin) and sizes the
+ * persistent grid once (cached in *grid), then launches it over at most
+ * max_items CTAs. */
+static kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int *optin, int threads,
+                                        int smem, const char *what, int head_dim,
+                                        const kva_ext_args *a, int num_sms, int max_items,
+                                        int *grid, cudaStream_t stream) {
   if (*grid <= 0) {
-    KVA_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)kernel, smem, optin));
     int per_sm = 0;
     KVA_CUDA_TRY(
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, (size_t)smem));
@@ -36,8 +37,10 @@ static kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int thread
 template <int D, int QT, int KV8>
 static kva_status ext_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
                              cudaStream_t stream) {
-  return ext_launch_persistent(kva_ext_kernel<D, QT, KV8>, KVA_EXT_THREADS, KVA_EXT_SMEM(D, KV8),
-                               "mma.sync extend kernel", D, a, num_sms, max_items, grid, stream);
+  static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
+  return ext_launch_persistent(kva_ext_kernel<D, QT, KV8>, optin, KVA_EXT_THREADS,
+                               KVA_EXT_SMEM(D, KV8), "mma.sync extend kernel", D, a, num_sms,
+                               max_items, grid, stream);
 }
 
 /* Body of kva_ext_launch_dN: picks the (Q type, fp8) instantiation. */

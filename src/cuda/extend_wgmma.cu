@@ -7,8 +7,9 @@
 template <int QT>
 static kva_status wg_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
                             cudaStream_t stream) {
-  return ext_launch_persistent(kva_ext_wg_kernel<QT>, KVA_WG_THREADS, KVA_WG_SMEM, "wgmma extend kernel", 128, a, num_sms,
-                               max_items, grid, stream);
+  static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
+  return ext_launch_persistent(kva_ext_wg_kernel<QT>, optin, KVA_WG_THREADS, KVA_WG_SMEM,
+                               "wgmma extend kernel", 128, a, num_sms, max_items, grid, stream);
 }
 
 kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,

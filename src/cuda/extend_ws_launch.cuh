@@ -9,7 +9,8 @@
 template <int D, int QT>
 static kva_status ws_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
                             cudaStream_t stream) {
-  return ext_launch_persistent(kva_ext_ws_kernel<D, QT>, KVA_WS_THREADS, KVA_WS_SMEM(D),
+  static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
+  return ext_launch_persistent(kva_ext_ws_kernel<D, QT>, optin, KVA_WS_THREADS, KVA_WS_SMEM(D),
                                "warp-specialized extend kernel", D, a, num_sms, max_items, grid,
                                stream);
 }

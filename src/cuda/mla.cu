@@ -20,14 +20,16 @@
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
                              cudaStream_t s) {
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v3[KVA_CUDA_OPTIN_DEVICES]; /* per kernel */
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
+  int *optin = optin_v2;
   if (ver == 3 && !KV8) {
     smem = KVA_MLA3_SMEM;
     fn = kva_mla_kernel_v3<QT>;
+    optin = optin_v3;
   }
-  /* per call: the attribute is per device, and a context may be on any */
-  KVA_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
    * previous layer): launch and schedule lookups overlap that kernel's tail */
   cudaLaunchConfig_t lc = {};

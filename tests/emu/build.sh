@@ -14,11 +14,6 @@
 # 300 2 256 300 at d256 (plus the fixed cases).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-out=${EMU_OUT:-/tmp/kva_emu}
-INC="-I$here -I$root/src -I$root/include -I/usr/local/cuda/include"
-W="-Wall -Wno-array-bounds -Wno-unused-function -Wno-unknown-pragmas"
-gcc -std=c11 -O2 -Wall -Wextra $INC -c "$root/src/cuda/extend_sched.c" -o "$out.sched.o"
-g++ -std=c++17 -O2 $W $INC -c "$here/emu_rt.cpp" -o "$out.rt.o"
-g++ -std=c++17 -O2 $W $INC -c "$here/emu_main.cpp" -o "$out.main.o"
-g++ -o "$out" "$out.main.o" "$out.rt.o" "$out.sched.o" -lm
+# shellcheck source=tests/emu/build_common.sh
+. "$here/build_common.sh"
+emu_build "$here" "${EMU_OUT:-/tmp/kva_emu}" emu_main.cpp src/cuda/extend_sched.c

@@ -44,3 +44,9 @@ static inline int atomicExch(int *p, int v) { const int o = *p; *p = v; return o
 static inline void __threadfence() {}
 static inline int kva_atom_add_acq_rel_gpu(int *p, int v) { return atomicAdd(p, v); }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
+
+/* the runtime's side the harnesses drive (emu_rt.cpp): run a grid of CTAs
+ * one at a time, the dynamic smem a kernel may touch, ldmatrix counters */
+void emu_run_grid(void (*body)(void), int grid, int nthreads);
+extern size_t emu_smem_limit;
+extern long emu_bank_conflicts, emu_ldsm_count;

@@ -1,17 +1,9 @@
 /* Runs the real extend kernel source under the host emulator against a
  * double-precision reference (test-only). */
-#include "emu_cuda.h"
+#include "emu_common.h"
 #include "cuda/extend_ws.cuh"
-extern "C" {
-#include "core/dtype.h"
-}
-#include <math.h>
 #include <vector>
 #include <algorithm>
-
-void emu_run_grid(void (*body)(void), int grid, int nthreads);
-extern size_t emu_smem_limit;
-extern long emu_bank_conflicts, emu_ldsm_count;
 
 static kva_ext_args g_args;
 template <int D, int QT, int KV8>
@@ -20,10 +12,6 @@ template <int QT>
 static void body_wg() { kva_ext_wg_kernel<QT>(g_args); }
 template <int D, int QT>
 static void body_ws() { kva_ext_ws_kernel<D, QT>(g_args); }
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t rnd() { rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17; return (uint32_t)rng; }
-static float frand() { return (rnd() >> 8) * (1.0f / 16777216.0f) * 2.f - 1.f; }
 
 struct Case {
   int D, qt, kv8, ps, hq, hkv, causal, window, grid;
@@ -34,69 +22,21 @@ struct Case {
 };
 
 static int run_case(const Case &c, int idx) {
-  const int D = c.D, B = (int)c.nnew.size();
+  const int D = c.D;
   const int use_wg = c.wg == 2 && !c.kv8 ? 2 : c.wg == 1 && D == 128 && !c.kv8 ? 1 : 0;
   const int bm = use_wg == 2 ? KVA_WS_BM : KVA_EXT_BM(D); /* the plan's tile rows */
-  std::vector<int> kvlen(B), cu(B + 1, 0);
-  int maxpages = 1;
-  for (int r = 0; r < B; r++) {
-    kvlen[r] = c.cached[r] + c.nnew[r];
-    cu[r + 1] = cu[r] + c.nnew[r];
-    maxpages = std::max(maxpages, (kvlen[r] + c.ps - 1) / c.ps);
-  }
-  const int total_q = cu[B];
-  int total_pages = 0;
-  for (int r = 0; r < B; r++) total_pages += (kvlen[r] + c.ps - 1) / c.ps;
-  const int num_pages = total_pages + 3;
-  std::vector<int> perm(num_pages);
-  for (int i = 0; i < num_pages; i++) perm[i] = i;
-  for (int i = num_pages - 1; i > 0; i--) std::swap(perm[i], perm[rnd() % (i + 1)]);
-  std::vector<int32_t> pt((size_t)B * maxpages, 0);
-  int next = 0;
-  for (int r = 0; r < B; r++)
-    for (int j = 0; j < (kvlen[r] + c.ps - 1) / c.ps; j++) pt[(size_t)r * maxpages + j] = perm[next++];
-
-  /* pool */
-  const size_t tok_elems = (size_t)c.hkv * D, pool_elems = (size_t)num_pages * c.ps * tok_elems;
-  const int kvb = c.kv8 ? 1 : 2;
-  std::vector<unsigned char> kbuf(pool_elems * kvb + 64), vbuf(pool_elems * kvb + 64);
-  unsigned char *kp = kbuf.data() + ((16 - ((uintptr_t)kbuf.data() & 15)) & 15);
-  unsigned char *vp = vbuf.data() + ((16 - ((uintptr_t)vbuf.data() & 15)) & 15);
+  const EmuLayout l = emu_layout(c.cached, c.nnew, c.ps);
+  const int B = l.B, total_q = l.total_q;
   const float ks = c.kv8 ? 0.05f : 1.f, vs = c.kv8 ? 0.03f : 1.f;
-  std::vector<double> kf(pool_elems), vf(pool_elems);
-  for (size_t i = 0; i < pool_elems; i++) {
-    float a = frand() * 2.f, b = frand() * 2.f;
-    if (c.kv8) {
-      uint8_t x = kva_f32_to_fp8e4m3(a / ks), y = kva_f32_to_fp8e4m3(b / vs);
-      kp[i] = x; vp[i] = y;
-      kf[i] = (double)kva_fp8e4m3_to_f32(x) * ks;
-      vf[i] = (double)kva_fp8e4m3_to_f32(y) * vs;
-    } else {
-      uint16_t x = c.qt == KVA_BF16 ? kva_f32_to_bf16(a) : kva_f32_to_f16(a);
-      uint16_t y = c.qt == KVA_BF16 ? kva_f32_to_bf16(b) : kva_f32_to_f16(b);
-      memcpy(kp + 2 * i, &x, 2); memcpy(vp + 2 * i, &y, 2);
-      kf[i] = kva_load_f32(&x, 0, (kva_dtype)c.qt);
-      vf[i] = kva_load_f32(&y, 0, (kva_dtype)c.qt);
-    }
-  }
-  /* q, o */
   const size_t qn = (size_t)total_q * c.hq * D;
-  std::vector<uint16_t> qbuf(qn + 8), obuf(qn + 8);
-  uint16_t *q = qbuf.data() + ((16 - ((uintptr_t)qbuf.data() & 15)) & 15) / 2;
-  uint16_t *o = obuf.data() + ((16 - ((uintptr_t)obuf.data() & 15)) & 15) / 2;
-  std::vector<double> qd(qn);
-  for (size_t i = 0; i < qn; i++) {
-    float a = frand() * 1.5f;
-    q[i] = c.qt == KVA_BF16 ? kva_f32_to_bf16(a) : kva_f32_to_f16(a);
-    qd[i] = kva_load_f32(&q[i], 0, (kva_dtype)c.qt);
-    o[i] = 0x7fff; /* NaN poison */
-  }
-  std::vector<float> lse((size_t)total_q * c.hq, nanf(""));
+  EmuData e;
+  emu_data(e, 2, (size_t)l.num_pages * c.ps * c.hkv * D, c.kv8, c.qt, ks, vs, qn, qn,
+           (size_t)total_q * c.hq);
 
   /* plan (host arrays) and tiles */
   kva_plan plan;
   memset(&plan, 0, sizeof plan);
-  std::vector<int32_t> ext, nn(c.nnew.begin(), c.nnew.end()), cs(kvlen.begin(), kvlen.end());
+  std::vector<int32_t> ext, nn(c.nnew.begin(), c.nnew.end()), cs(l.kvlen.begin(), l.kvlen.end());
   for (int r = 0; r < B; r++)
     if (c.nnew[r] > KVA_MAX_DECODE_Q) ext.push_back(r);
   plan.num_extend = (int)ext.size();
@@ -121,27 +61,19 @@ static int run_case(const Case &c, int idx) {
   }
   kva_plan_header hdr;
   memset(&hdr, 0, sizeof hdr);
-  hdr.page_table_stride = maxpages;
+  hdr.page_table_stride = l.maxpages;
 
   const float sm = c.sm_scale > 0 ? c.sm_scale : 1.f / sqrtf((float)D);
-  const float log2e = 1.4426950408889634f;
   kva_ext_args &a = g_args;
   memset(&a, 0, sizeof a);
-  a.q = q; a.o = o; a.lse = lse.data(); a.k = kp; a.v = vp;
+  a.q = e.q; a.o = e.o; a.lse = e.lse.data(); a.k = e.k; a.v = e.v;
   a.tiles = (const int2 *)(dbuf.data() + 4);
   a.num_tiles = dbuf.data();
   dbuf[1] = 0; /* the ws kernel's item counter, zeroed before each launch */
   a.item_counter = dbuf.data() + 1;
   a.hdr = &hdr;
-  a.cu_q = cu.data(); a.num_new = nn.data(); a.cache_seqlens = cs.data(); a.page_table = pt.data();
-  a.hq = c.hq; a.hkv = c.hkv; a.group = c.hq / c.hkv; a.page_size = c.ps;
-  { int l = 0; while ((1u << l) < (uint32_t)c.ps) l++;
-    a.ps_mul = (uint32_t)(((uint64_t)1 << 32) * (((uint64_t)1 << l) - (uint64_t)c.ps) / (uint64_t)c.ps + 1);
-    a.ps_shift = l; }
-  if (c.softcap > 0) { a.qk_mul = 2.f * log2e * sm * ks / c.softcap; a.cap_log2 = c.softcap * log2e; }
-  else { a.qk_mul = log2e * sm * ks; a.cap_log2 = 0; }
-  a.o_mul = vs;
-  a.causal = c.causal; a.window_left = c.window;
+  a.cu_q = l.cu.data(); a.num_new = nn.data(); a.cache_seqlens = cs.data(); a.page_table = l.pt.data();
+  emu_attn_args(a, c.hq, c.hkv, c.ps, sm, ks, vs, c.softcap, c.causal, c.window);
 
   emu_smem_limit = use_wg == 2 ? KVA_WS_SMEM(D) : use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
   void (*fn)(void) = NULL;
@@ -157,69 +89,33 @@ static int run_case(const Case &c, int idx) {
                use_wg == 2 ? KVA_WS_THREADS : use_wg ? KVA_WG_THREADS : KVA_EXT_THREADS);
 
   /* reference */
-  double max_err = 0, max_lse_err = 0, se = 0, sr = 0;
-  int bad = 0;
-  const int g = c.hq / c.hkv;
-  std::vector<double> s;
+  EmuCheck ck = emu_check(idx);
+  std::vector<double> s(l.maxk), ref(D);
   for (int r = 0; r < B; r++)
     for (int t = 0; t < c.nnew[r]; t++)
       for (int h = 0; h < c.hq; h++) {
-        const size_t row = ((size_t)(cu[r] + t) * c.hq + h);
-        const uint16_t *orow = o + row * D;
+        const size_t row = ((size_t)(l.cu[r] + t) * c.hq + h);
+        const uint16_t *orow = e.o + row * D;
         if (c.nnew[r] <= KVA_MAX_DECODE_Q) { /* decode rows must be untouched */
-          for (int d = 0; d < D; d++)
-            if (orow[d] != 0x7fff) { if (bad++ < 5) printf("case %d: decode row r%d t%d written\n", idx, r, t); break; }
-          if (!isnan(lse[row])) bad++;
+          emu_check_untouched(ck, "decode", r, t, orow, D, e.lse[row]);
           continue;
         }
         if (c.zero_first && r == 0) { /* no keys: O = 0, LSE = -inf */
           for (int d = 0; d < D; d++)
-            if (kva_load_f32(&orow[d], 0, (kva_dtype)c.qt) != 0.f) { bad++; break; }
-          if (!(isinf(lse[row]) && lse[row] < 0)) bad++;
+            if (kva_load_f32(&orow[d], 0, (kva_dtype)c.qt) != 0.f) { ck.bad++; break; }
+          if (!(isinf(e.lse[row]) && e.lse[row] < 0)) ck.bad++;
           continue;
         }
-        const int p = c.cached[r] + t, kvh = h / g;
-        double mx = -INFINITY;
-        s.assign(kvlen[r], -INFINITY);
-        for (int j = 0; j < kvlen[r]; j++) {
-          if (c.causal && j > p) continue;
-          if (c.window >= 0 && j < p - c.window) continue;
-          const size_t slot = (size_t)pt[(size_t)r * maxpages + j / c.ps] * c.ps + j % c.ps;
-          double dot = 0;
-          for (int d = 0; d < D; d++) dot += qd[row * D + d] * kf[(slot * c.hkv + kvh) * D + d];
-          double x = sm * dot;
-          if (c.softcap > 0) x = c.softcap * tanh(x / c.softcap);
-          s[j] = x;
-          mx = std::max(mx, x);
-        }
-        double sum = 0;
-        for (int j = 0; j < kvlen[r]; j++) if (s[j] > -INFINITY) sum += exp(s[j] - mx);
-        double ref_lse = mx + log(sum);
-        for (int d = 0; d < D; d++) {
-          double acc = 0;
-          for (int j = 0; j < kvlen[r]; j++)
-            if (s[j] > -INFINITY) {
-              const size_t slot = (size_t)pt[(size_t)r * maxpages + j / c.ps] * c.ps + j % c.ps;
-              acc += exp(s[j] - mx) / sum * vf[(slot * c.hkv + kvh) * D + d];
-            }
-          double got = kva_load_f32(&orow[d], 0, (kva_dtype)c.qt);
-          double err = fabs(got - acc);
-          se += (got - acc) * (got - acc);
-          sr += acc * acc;
-          if (!(err <= 1e-2 + 1e-2 * fabs(acc))) { if (bad++ < 5) printf("case %d: r%d t%d h%d d%d got %g want %g\n", idx, r, t, h, d, got, acc); }
-          if (err > max_err || isnan(got)) max_err = isnan(got) ? INFINITY : err;
-        }
-        double le = fabs(lse[row] - ref_lse);
-        if (!(le <= 1e-3 * (1 + fabs(ref_lse)))) { if (bad++ < 5) printf("case %d: lse r%d t%d h%d got %g want %g\n", idx, r, t, h, lse[row], ref_lse); }
-        if (le > max_lse_err || isnan(lse[row])) max_lse_err = isnan(lse[row]) ? INFINITY : le;
+        emu_check_mha_row(ck, c, l, e, r, t, h, sm, s.data(), ref.data());
       }
-  printf("case %2d %s d%-3d %s%s ps%-3d hq%d/%d causal%d win%-3d cap%g grid%d tiles%-3d: max|dO| %.2e rel %.1e max|dLSE| %.2e %s\n",
+  printf("case %2d %s d%-3d %s%s ps%-3d hq%d/%d causal%d win%-3d cap%g grid%d tiles%-3d",
          idx, use_wg == 2 ? "ws" : use_wg ? "wg" : "  ", D, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, c.hkv,
-         c.causal, c.window, c.softcap, c.grid, nt, max_err, sr > 0 ? sqrt(se / sr) : 0.0, max_lse_err, bad ? "FAIL" : "ok");
-  return bad ? 1 : 0;
+         c.causal, c.window, c.softcap, c.grid, nt);
+  return emu_check_end(ck);
 }
 
 int main(int argc, char **argv) {
+  emu_rng = 88172645463325252ull; /* this harness's cases */
   int only = argc > 1 ? atoi(argv[1]) : -1;
   std::vector<Case> cases;
   /* D, qt, kv8, ps, hq, hkv, causal, window, grid, softcap, sm_scale, cached, new */

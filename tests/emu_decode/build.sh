@@ -8,11 +8,6 @@
 #   bash tests/emu_decode/build.sh && /tmp/kva_emu_decode [case|-1] [random cases]
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-out=${EMU_OUT:-/tmp/kva_emu_decode}
-INC="-I$here -I$root/tests/emu -I$root/src -I$root/include -I/usr/local/cuda/include"
-W="-Wall -Wno-array-bounds -Wno-unused-function -Wno-unknown-pragmas -Wno-attributes"
-gcc -std=c11 -O2 -Wall -Wextra -I$root/src -I$root/include -c "$root/src/core/split_schedule.c" -o "$out.sched.o"
-g++ -std=c++17 -O2 $W $INC -c "$root/tests/emu/emu_rt.cpp" -o "$out.rt.o"
-g++ -std=c++17 -O2 $W $INC -c "$here/decode_emu.cpp" -o "$out.main.o"
-g++ -o "$out" "$out.main.o" "$out.rt.o" "$out.sched.o" -lm
+# shellcheck source=tests/emu/build_common.sh
+. "$here/../emu/build_common.sh"
+emu_build "$here" "${EMU_OUT:-/tmp/kva_emu_decode}" decode_emu.cpp src/core/split_schedule.c
