@@ -14,11 +14,8 @@
 
 #include "cli_common.h"
 
-/* src/cuda/decode.{h,cu} (internal; not in kvattn.h) */
-extern unsigned long long *kva_dec_trace_buf;
-extern int kva_dec_trace_ctas;
-extern unsigned kva_dec_trace_launches;
-#define TRACE_WORDS 12 /* KVA_DEC_TRACE_WORDS */
+#include "cuda/trace.h" /* internal; not in kvattn.h */
+#define TRACE_WORDS KVA_TRACE_WORDS
 
 int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers,
                     const kva_attn_params *ap, const void *q, void *out, kva_dtype dtype,
@@ -37,9 +34,9 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
   }
   int rc = 1;
   if (cudaMemset(d, 0, words * 8) != cudaSuccess) goto done;
-  kva_dec_trace_buf = d;
-  kva_dec_trace_ctas = ctas;
-  kva_dec_trace_launches = 0;
+  kva_trace_buf = d;
+  kva_trace_ctas = ctas;
+  kva_trace_launches = 0;
   for (int r = 0; r < reps; r++)
     if (kva_attention(plan, pool, r % layers, ap, q, out, NULL, dtype) != KVA_OK) {
       fprintf(stderr, "kvattn bench: KVA_DEC_TRACE: %s\n", kva_last_error());
@@ -54,10 +51,10 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
     goto done;
   }
   /* launch 0 = the one before the last, 1 = the last */
-  const unsigned last = (kva_dec_trace_launches - 1) & 1u;
+  const unsigned last = (kva_trace_launches - 1) & 1u;
   fprintf(f, "# launch cta t_entry t_wait t_tile0 t_loop_end t_partial t_counted t_fenced "
              "t_merged t_end smid chunks merges (workers %d, launches %u)\n",
-          info.num_workers, kva_dec_trace_launches);
+          info.num_workers, kva_trace_launches);
   for (int l = 0; l < 2; l++) {
     const unsigned half = l == 1 ? last : last ^ 1u;
     for (int c = 0; c < ctas; c++) {
@@ -70,11 +67,11 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
   }
   fclose(f);
   fprintf(stderr, "kvattn bench: decode timeline of the last 2 of %u launches -> %s\n",
-          kva_dec_trace_launches, path);
+          kva_trace_launches, path);
   rc = 0;
 done:
   kva_synchronize(ctx);
-  kva_dec_trace_buf = NULL;
+  kva_trace_buf = NULL;
   cudaFree(d);
   free(h);
   return rc;

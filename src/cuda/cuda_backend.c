@@ -6,6 +6,11 @@
 #include <stdlib.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/trace.h"
+
+unsigned long long *kva_trace_buf = NULL;
+int kva_trace_ctas = 0;
+unsigned kva_trace_launches = 0;
 #include "cuda/decode.h"
 
 kva_status kva_cuda_error(cudaError_t err, const char *what, const char *file, int line) {

@@ -28,10 +28,6 @@ static int dec_smem(int d, int kv8, int mt) {
   return kv8 ? KVA_DEC_SMEM(256, 1, 1) : KVA_DEC_SMEM(256, 0, 1);
 }
 
-unsigned long long *kva_dec_trace_buf = NULL;
-int kva_dec_trace_ctas = 0;
-unsigned kva_dec_trace_launches = 0;
-
 extern "C" int kva_cuda_decode_ctas_per_sm(int head_dim) {
   return KVA_DEC_CTAS_PER_SM(head_dim);
 }
@@ -78,9 +74,7 @@ extern "C" kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *
   a.k = pool->k[layer];
   a.v = pool->v[layer];
   KVA_CUDA_FILL_ATTN_ARGS(a, plan, pool, layer, params);
-  if (kva_dec_trace_buf && (int64_t)plan->cfg.num_workers * gy <= kva_dec_trace_ctas)
-    a.trace = kva_dec_trace_buf + (size_t)(kva_dec_trace_launches++ & 1u) * kva_dec_trace_ctas *
-                                      KVA_DEC_TRACE_WORDS;
+  a.trace = kva_trace_next((long long)plan->cfg.num_workers * gy);
 
   const unsigned gx = (unsigned)plan->cfg.num_workers;
   kva_status st;

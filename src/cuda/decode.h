@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -65,19 +66,11 @@ typedef struct kva_dec_args {
   float cap_log2; /* cap * log2(e); 0 = no soft-cap */
   float o_mul;    /* v_scale for fp8 pools, else 1 */
   int causal, window_left;
-  /* bench/dec_trace only (NULL otherwise): per CTA KVA_DEC_TRACE_WORDS
-   * %globaltimer stamps, see KVA_DEC_STAMP */
-  unsigned long long *trace;
+  unsigned long long *trace; /* timeline (cuda/trace.h); NULL */
   int deterministic;  /* plan config: every chunk keeps its planned key range */
 } kva_dec_args;
 
-#define KVA_DEC_TRACE_WORDS 12
-/* Set by bench/dec_trace (never by the library): where the next decode
- * launch writes its per-CTA timeline; launches alternate between two
- * halves of trace_ctas CTAs each, so two consecutive kernels can be compared. */
-extern unsigned long long *kva_dec_trace_buf;
-extern int kva_dec_trace_ctas;
-extern unsigned kva_dec_trace_launches;
+
 
 /* One per head dim (decode_dN.cu): the split-KV kernel of (Q type, fp8 KV,
  * m-tiles) on grid (num_workers, hkv * row groups). */

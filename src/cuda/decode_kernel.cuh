@@ -334,15 +334,6 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
   }
 }
 
-/* bench/dec_trace's timeline: thread 0 stamps word w of its CTA's record
- * (a.trace is NULL in the library: one predicted branch). */
-#define KVA_DEC_STAMP(w, value)                                                            \
-  do {                                                                                     \
-    if (a.trace && tid == 0)                                                               \
-      a.trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_DEC_TRACE_WORDS + (w)] = \
-          (value);                                                                         \
-  } while (0)
-
 template <int D, int QT, int KV8, int MT>
 __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     kva_dec_kernel(const kva_dec_args a) {
@@ -362,11 +353,11 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
   /* a PDL-launched kernel after this one (the next layer's decode) may be
    * scheduled now; it waits for this grid's end before touching memory */
   kva_griddep_launch_dependents();
-  KVA_DEC_STAMP(0, kva_globaltimer());
+  KVA_TRACE_STAMP(0, kva_globaltimer());
   unsigned trace_chunks = 0, trace_merges = 0;
   if ((int)blockIdx.x >= hdr->num_workers) {
-    KVA_DEC_STAMP(8, kva_globaltimer());
-    KVA_DEC_STAMP(9, kva_smid());
+    KVA_TRACE_STAMP(8, kva_globaltimer());
+    KVA_TRACE_STAMP(9, kva_smid());
     return;
   }
   const int kvh = (int)blockIdx.y % a.hkv, rg = (int)blockIdx.y / a.hkv;
@@ -455,7 +446,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       /* Q, KV and the outputs belong to the kernels before this one (plan
        * data was copied before them): wait for them (PDL launch) */
       kva_griddep_wait();
-      if (trace_chunks == 0) KVA_DEC_STAMP(1, kva_globaltimer());
+      if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
 #pragma unroll
       for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) {
@@ -471,7 +462,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       for (int it = 0; it < ntiles; it++) {
         kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
         __syncthreads();                 /* everyone's did; tile it-1's stage is free */
-        if (it == 0 && trace_chunks == 0) KVA_DEC_STAMP(2, kva_globaltimer());
+        if (it == 0 && trace_chunks == 0) KVA_TRACE_STAMP(2, kva_globaltimer());
         const int nx = it + STAGES - 1;
         if (nx < ntiles) {
           const uint32_t st = s_ring + (nx % STAGES) * STAGE;
@@ -490,7 +481,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       /* Q, KV, the outputs and the tile counters belong to the kernels before
        * this one (plan data was copied before them): wait for them (PDL) */
       kva_griddep_wait();
-      if (trace_chunks == 0) KVA_DEC_STAMP(1, kva_globaltimer());
+      if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
       int claim0 = 0;
       if (tid == 0) claim0 = atomicAdd(claim_ctr, STAGES + 1 - nst); /* slots nst .. STAGES */
 #pragma unroll
@@ -540,7 +531,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       for (int it = 0; seq[0] >= 0; it++) {
         kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile seq[0] landed */
         __syncthreads();                 /* everyone's did; the previous tile's stage is free */
-        if (it == 0 && trace_chunks == 0) KVA_DEC_STAMP(2, kva_globaltimer());
+        if (it == 0 && trace_chunks == 0) KVA_TRACE_STAMP(2, kva_globaltimer());
         if (it > 0) seq[STAGES] = claim_s[it & 1]; /* written before the barrier */
         int claim = 0;
         if (tid == 0) claim = atomicAdd(claim_ctr, 1); /* slot STAGES + 1, read below */
@@ -569,7 +560,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     kva_cp_async_wait<0>(); /* only empty groups remain; the ring becomes scratch */
     __syncthreads();
     trace_chunks++;
-    KVA_DEC_STAMP(3, kva_globaltimer());
+    KVA_TRACE_STAMP(3, kva_globaltimer());
 
     /* ---- merge the 4 warps' states: registers -> scratch ---- */
 #pragma unroll
@@ -636,7 +627,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
     if (nsplit > 1) {
       /* Publish this chunk and count it; the chunk that completes the count
        * merges all of them and resets the counters for the next run. */
-      KVA_DEC_STAMP(4, kva_globaltimer());
+      KVA_TRACE_STAMP(4, kva_globaltimer());
       __syncthreads(); /* the CTA's partial rows are written; scratch is read */
       if (tid == 0) {
         const int last = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
@@ -646,18 +637,18 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       __syncthreads();
       if (scr_m[0] != 0.0f) {
         trace_merges++;
-        KVA_DEC_STAMP(5, kva_globaltimer());
-        KVA_DEC_STAMP(6, kva_globaltimer());
+        KVA_TRACE_STAMP(5, kva_globaltimer());
+        KVA_TRACE_STAMP(6, kva_globaltimer());
         dec_merge_chunks<D, QT>(a, r, nsplit, nt, tok0, kvh, row0, rows_here, tid);
-        KVA_DEC_STAMP(7, kva_globaltimer());
+        KVA_TRACE_STAMP(7, kva_globaltimer());
       }
     }
     __syncthreads(); /* scratch read before the next request's Q and ring writes */
   }
-  KVA_DEC_STAMP(8, kva_globaltimer());
-  KVA_DEC_STAMP(9, kva_smid());
-  KVA_DEC_STAMP(10, trace_chunks);
-  KVA_DEC_STAMP(11, trace_merges);
+  KVA_TRACE_STAMP(8, kva_globaltimer());
+  KVA_TRACE_STAMP(9, kva_smid());
+  KVA_TRACE_STAMP(10, trace_chunks);
+  KVA_TRACE_STAMP(11, trace_merges);
 }
 
 #endif /* KVA_CUDA_DECODE_KERNEL_CUH */

@@ -116,6 +116,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   int ver = mla_kernel_forced();
   if (ver == 0) ver = 2;
   if (ver == 3 && (kv8 || KVA_MLA3_SMEM > cs->max_smem_optin)) ver = 2;
+  if (ver == 2) a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
   return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,7 @@ typedef struct kva_mla_args {
   float *lse;      /* [total_q, hq] or NULL */
   float *part_o, *part_lse; /* split-KV partial rows (512 dims) */
   int32_t *split_sem;       /* [max_batch * hq]: chunks of (request, row tile) done; 0 between runs */
+  unsigned long long *trace; /* timeline (cuda/trace.h); NULL */
   const void *kv;           /* the layer's latent buffer [slots, 576] */
   int hq;
   int page_size, ps_shift; /* key / page_size = (umulhi(key, ps_mul) + key) >> ps_shift */

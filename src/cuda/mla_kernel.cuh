@@ -159,7 +159,7 @@ static __device__ __forceinline__ void mla_mma_pv(float d[64], const uint32_t a[
 
 /* The chunks of request r for this CTA's row tile merged by LSE into O (and
  * LSE), by the CTA whose chunk finished last; as dec_merge_chunks
- * (decode_kernel.cuh) at 512 dims, both on kva_split_merge4. */
+ * (decode_kernel.cuh) at 512 dims, on kva_split_merge4. */
 template <int QT>
 static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit, int nt, int tok0,
                                         int row0, int rows_here, int tid) {
@@ -175,6 +175,85 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
     *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =
         make_uint2(mla_pack<QT>(acc.x * inv, acc.y * inv), mla_pack<QT>(acc.z * inv, acc.w * inv));
     if (a.lse && d4 == 0) a.lse[orow] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+  }
+}
+
+/* mla_merge_chunks with each row's chunk weights computed once, into smem
+ * (sw: rows_here * (nsplit + 1) floats): a row has 512 columns, 128 items of
+ * 4, so each thread sums many items, and per item the running-max merge
+ * would wait for one round of loads; here 8 items x 2 chunks of loads are in
+ * flight at a time (measured, h64 varlen: a merge of 2-4 chunks took ~29 us
+ * item by item). Same chunk order as the per-item merge. */
+#define KVA_MLA_MERGE_ITEMS 8
+template <int QT>
+static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nsplit, int nt,
+                                          int tok0, int row0, int rows_here, int tid, float *sw) {
+  const size_t p0 = (size_t)a.split_row_offset[r];
+  float *const sinv = sw + rows_here * nsplit;
+  for (int idx = tid; idx < rows_here * nsplit; idx += KVA_MLA_THREADS) {
+    const int row = idx / nsplit, j = idx - row * nsplit;
+    const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+    sw[idx] = __ldcg(a.part_lse + (p0 + t + (size_t)j * nt) * a.hq + h);
+  }
+  __syncthreads();
+  for (int row = tid; row < rows_here; row += KVA_MLA_THREADS) { /* a thread per row */
+    float *const w = sw + row * nsplit;
+    float mx = -INFINITY;
+    for (int j = 0; j < nsplit; j++) mx = fmaxf(mx, w[j]);
+    float ws = 0.0f;
+    for (int j = 0; j < nsplit; j++) {
+      const float e = mx == -INFINITY ? 0.0f : kva_ex2((w[j] - mx) * KVA_SPLIT_LOG2E);
+      w[j] = e;
+      ws += e;
+    }
+    sinv[row] = ws > 0.0f ? 1.0f / ws : 0.0f;
+    const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+    if (a.lse) a.lse[(size_t)(tok0 + t) * a.hq + h] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+  }
+  __syncthreads();
+  const int n = rows_here * (KVA_MLA_DV / 4);
+  const size_t jstride = (size_t)nt * a.hq * KVA_MLA_DV; /* chunk to chunk, floats */
+  for (int base = tid; base < n; base += KVA_MLA_MERGE_ITEMS * KVA_MLA_THREADS) {
+    float4 acc[KVA_MLA_MERGE_ITEMS];
+    const float *src[KVA_MLA_MERGE_ITEMS];
+    int wrow[KVA_MLA_MERGE_ITEMS];
+#pragma unroll
+    for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+      const int idx = base + k * KVA_MLA_THREADS, row = (idx < n ? idx : 0) / (KVA_MLA_DV / 4);
+      const int d4 = (idx < n ? idx : 0) % (KVA_MLA_DV / 4);
+      const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+      acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      src[k] = a.part_o + ((p0 + t) * a.hq + h) * KVA_MLA_DV + 4 * d4;
+      wrow[k] = row * nsplit;
+    }
+#pragma unroll 2
+    for (int j = 0; j < nsplit; j++) {
+      float4 v[KVA_MLA_MERGE_ITEMS];
+#pragma unroll
+      for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++)
+        v[k] = base + k * KVA_MLA_THREADS < n ? __ldcg((const float4 *)(src[k] + j * jstride))
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+        const float w = sw[wrow[k] + j];
+        acc[k].x += w * v[k].x;
+        acc[k].y += w * v[k].y;
+        acc[k].z += w * v[k].z;
+        acc[k].w += w * v[k].w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+      const int idx = base + k * KVA_MLA_THREADS;
+      if (idx >= n) continue;
+      const int row = idx / (KVA_MLA_DV / 4), d4 = idx % (KVA_MLA_DV / 4);
+      const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+      const float inv = sinv[row];
+      const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+      *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =
+          make_uint2(mla_pack<QT>(acc[k].x * inv, acc[k].y * inv),
+                     mla_pack<QT>(acc[k].z * inv, acc[k].w * inv));
+    }
   }
 }
 
@@ -359,11 +438,16 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   /* a PDL-launched kernel after this one may be scheduled now; it waits for
    * this grid's end before touching memory */
   kva_griddep_launch_dependents();
-  if ((int)blockIdx.x >= hdr->num_workers) return;
+  KVA_TRACE_STAMP(0, kva_globaltimer());
+  unsigned trace_chunks = 0, trace_merges = 0;
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
   /* row tiles come from the plan's capacity; past the batch's longest
    * request no request has rows here */
-  if (row0 >= hdr->max_q_len * a.hq) return;
+  if ((int)blockIdx.x >= hdr->num_workers || row0 >= hdr->max_q_len * a.hq) {
+    KVA_TRACE_STAMP(8, kva_globaltimer());
+    KVA_TRACE_STAMP(9, kva_smid());
+    return;
+  }
   const kva_split_work wk = a.sched[blockIdx.x];
   const unsigned char *const kvg = (const unsigned char *)a.kv;
 
@@ -382,6 +466,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 
     /* Q, KV and the outputs belong to the kernels before this one (PDL) */
     kva_griddep_wait();
+    if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
     /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each */
     mla_issue_q(s_q, a, tok0, row0, rows, tid);
 #pragma unroll
@@ -477,6 +562,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       }
     }
     kva_cp_async_wait<0>(); /* only empty groups remain (Q's, when there were no tiles) */
+    trace_chunks++;
+    KVA_TRACE_STAMP(3, kva_globaltimer());
 
     /* ---- O (or the partial row) straight from the accumulators ---- */
 #pragma unroll
@@ -515,15 +602,28 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       /* Count this chunk (split_merge.cuh); the chunk that completes the
        * count merges all of them. */
       __syncthreads(); /* the CTA's partial rows are written */
+      KVA_TRACE_STAMP(4, kva_globaltimer());
       if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
       __syncthreads();
       if (*flag) {
+        trace_merges++;
+        KVA_TRACE_STAMP(5, kva_globaltimer());
+        KVA_TRACE_STAMP(6, kva_globaltimer());
         const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
-        mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+        /* the ring is free until the next request's prologue */
+        if ((size_t)rows_here * (nsplit + 1) * 4 <= (size_t)KVA_MLA_RING(KV8))
+          mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, (float *)p_kv);
+        else
+          mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+        KVA_TRACE_STAMP(7, kva_globaltimer());
       }
     }
     __syncthreads(); /* flag read, smem done with before the next request's copies */
   }
+  KVA_TRACE_STAMP(8, kva_globaltimer());
+  KVA_TRACE_STAMP(9, kva_smid());
+  KVA_TRACE_STAMP(10, trace_chunks);
+  KVA_TRACE_STAMP(11, trace_merges);
 }
 
 #endif /* KVA_CUDA_MLA_KERNEL_CUH */

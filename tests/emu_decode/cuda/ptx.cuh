@@ -6,9 +6,6 @@
 /* one kernel at a time here: dependent-launch control is a no-op */
 static inline void kva_griddep_launch_dependents(void) {}
 static inline void kva_griddep_wait(void) {}
-/* timeline stamps (bench/dec_trace only; a.trace is NULL here) */
-static inline unsigned long long kva_globaltimer(void) { return 0; }
-static inline unsigned kva_smid(void) { return 0; }
 
 static inline uint32_t kva_prmt(uint32_t a, uint32_t b, uint32_t sel) {
   const uint64_t v = (uint64_t)a | ((uint64_t)b << 32);
