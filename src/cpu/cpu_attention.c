@@ -220,20 +220,8 @@ static int softmax_block(const job *jb, rowset *rs, int b0, int nb, int masked) 
     if (masked)
       for (int j = 0; j < nb; j++)
         if (!visible(ap, b0 + j, rs->qpos[i])) s[j] = -INFINITY;
-    float mx = kva_cpu_max(jb->simd, s, nb);
-    if (mx == -INFINITY) { /* nothing visible: weights 0 */
-      for (int j = 0; j < nb; j++) s[j] = 0.0f;
-      continue;
-    }
-    float mnew = rs->m[i] > mx ? rs->m[i] : mx;
-    if (mnew != rs->m[i]) {
-      float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
-      kva_cpu_scale(jb->simd, rs->acc + (size_t)i * jb->d, corr, jb->d);
-      rs->l[i] *= corr;
-      rs->m[i] = mnew;
-    }
-    rs->l[i] += kva_cpu_exp_sum(jb->simd, s, nb, mnew);
-    any = 1;
+    any |= kva_cpu_softmax_row(jb->simd, s, nb, &rs->m[i], &rs->l[i], rs->acc + (size_t)i * jb->d,
+                               jb->d);
   }
   return any;
 }

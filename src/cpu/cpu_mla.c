@@ -102,20 +102,7 @@ static int softmax_block(const mla_job *jb, mla_rows *rs, int b0, int nb, int la
       int last = last_key0 + i / jb->hq;
       for (int j = last + 1 - b0 < 0 ? 0 : last + 1 - b0; j < nb; j++) s[j] = -INFINITY;
     }
-    float mx = kva_cpu_max(jb->simd, s, nb);
-    if (mx == -INFINITY) { /* nothing visible: weights 0 */
-      for (int j = 0; j < nb; j++) s[j] = 0.0f;
-      continue;
-    }
-    float mnew = rs->m[i] > mx ? rs->m[i] : mx;
-    if (mnew != rs->m[i]) {
-      float corr = expf(rs->m[i] - mnew); /* 0 when m was -inf */
-      kva_cpu_scale(jb->simd, rs->acc + (size_t)i * DV, corr, DV);
-      rs->l[i] *= corr;
-      rs->m[i] = mnew;
-    }
-    rs->l[i] += kva_cpu_exp_sum(jb->simd, s, nb, mnew);
-    any = 1;
+    any |= kva_cpu_softmax_row(jb->simd, s, nb, &rs->m[i], &rs->l[i], rs->acc + (size_t)i * DV, DV);
   }
   return any;
 }

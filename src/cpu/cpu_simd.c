@@ -484,3 +484,20 @@ void kva_cpu_scale(int simd, float *y, float a, int n) {
   (void)simd;
   scale_c(y, a, n);
 }
+
+int kva_cpu_softmax_row(int simd, float *s, int n, float *m, float *l, float *acc, int d) {
+  float mx = kva_cpu_max(simd, s, n);
+  if (mx == -INFINITY) { /* nothing visible: weights 0 */
+    for (int j = 0; j < n; j++) s[j] = 0.0f;
+    return 0;
+  }
+  float mnew = *m > mx ? *m : mx;
+  if (mnew != *m) {
+    float corr = expf(*m - mnew); /* 0 when m was -inf */
+    kva_cpu_scale(simd, acc, corr, d);
+    *l *= corr;
+    *m = mnew;
+  }
+  *l += kva_cpu_exp_sum(simd, s, n, mnew);
+  return 1;
+}

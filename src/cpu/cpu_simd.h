@@ -45,5 +45,10 @@ float kva_cpu_max(int simd, const float *s, int n);
 float kva_cpu_exp_sum(int simd, float *s, int n, float m);
 /* y *= a */
 void kva_cpu_scale(int simd, float *y, float a, int n);
+/* One row's online-softmax step over a block of n logits s (masked ones
+ * -inf): s becomes the weights exp(s - m) and the row's running max *m, sum
+ * *l and accumulator acc[0..d) are rescaled to the new max. Returns 0 (s all
+ * 0, state untouched) when no key of the block is visible. */
+int kva_cpu_softmax_row(int simd, float *s, int n, float *m, float *l, float *acc, int d);
 
 #endif
