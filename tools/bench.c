@@ -175,6 +175,9 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
   res->iters = iters;
   res->reps = reps;
   free(times);
+  /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline */
+  if (o->dev == KVA_DEVICE_CUDA && !o->prefill && !o->mixed)
+    return bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, reps);
   return 0;
 }
 
@@ -236,9 +239,6 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
 
   bench_timing tm;
   if (bench_time_attention(ctx, o, plan, pool, layers, &ap, q, out, &tm) != 0) return 1;
-  if (o->dev == KVA_DEVICE_CUDA && !o->prefill && !o->mixed &&
-      bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, tm.reps) != 0)
-    return 1;
   double t = tm.t, t_single = tm.t_single;
   int iters = tm.iters, reps = tm.reps;
   double kv_bytes = (double)kv_tokens * o->hkv * o->d * esz * 2 + (double)pages_total * 4;

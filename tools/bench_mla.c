@@ -8,7 +8,6 @@
 #include <stdlib.h>
 
 #include "bench_common.h"
-#include "dec_trace.h"
 
 #define D KVA_MLA_HEAD_DIM
 #define DV KVA_MLA_V_DIM
@@ -56,9 +55,6 @@ int bench_run_mla(kva_context *ctx, const bench_opts *o, int B, int L, double ce
 
   bench_timing tm;
   if (bench_time_attention(ctx, o, plan, pool, layers, &ap, q, out, &tm) != 0) return 1;
-  if (o->dev == KVA_DEVICE_CUDA &&
-      bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, tm.reps) != 0)
-    return 1;
   double t = tm.t;
   double bytes = (double)kv_tokens * D * esz + (double)pages_total * 4;
   double gbps = bytes / t / 1e9;
