@@ -206,4 +206,26 @@ kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *pool, int l
 #ifdef __cplusplus
 }
 #endif
+
+#ifdef __CUDACC__
+/* Launches fn as a programmatic dependent (PDL) of the kernel before it on
+ * stream s: its launch and prologue (schedule and page-table lookups)
+ * overlap that kernel's tail; fn runs griddepcontrol.wait before it touches
+ * Q, KV or the outputs. */
+template <typename Args>
+static inline cudaError_t kva_launch_pdl(void (*fn)(Args), dim3 grid, dim3 block, size_t smem,
+                                         cudaStream_t s, Args args) {
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = grid;
+  lc.blockDim = block;
+  lc.dynamicSmemBytes = smem;
+  lc.stream = s;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = &attr;
+  lc.numAttrs = 1;
+  return cudaLaunchKernelEx(&lc, fn, args);
+}
+#endif
 #endif /* KVA_CUDA_INTERNAL_H */

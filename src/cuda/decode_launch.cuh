@@ -11,20 +11,9 @@ static kva_status dec_launch(const kva_dec_args *a, unsigned gx, unsigned gy, cu
   const int smem = KVA_DEC_SMEM(D, KV8, MT);
   static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)kva_dec_kernel<D, QT, KV8, MT>, smem, optin));
-  /* a programmatic dependent of whatever kernel precedes it on the stream
-   * (the KV store, say): its launch and page-table lookups overlap that
-   * kernel's tail; it reads Q and KV only after griddepcontrol.wait */
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(gx, gy);
-  lc.blockDim = dim3(KVA_DEC_THREADS);
-  lc.dynamicSmemBytes = (size_t)smem;
-  lc.stream = s;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = &attr;
-  lc.numAttrs = 1;
-  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, kva_dec_kernel<D, QT, KV8, MT>, *a));
+  /* a programmatic dependent of whatever kernel precedes it (the KV store) */
+  KVA_CUDA_TRY(kva_launch_pdl(kva_dec_kernel<D, QT, KV8, MT>, dim3(gx, gy),
+                              dim3(KVA_DEC_THREADS), (size_t)smem, s, *a));
   KVA_CUDA_LAUNCH_CHECK("kva_dec_kernel");
   return KVA_OK;
 }

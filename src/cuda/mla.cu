@@ -31,18 +31,8 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsign
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
-   * previous layer): launch and schedule lookups overlap that kernel's tail */
-  cudaLaunchConfig_t lc = {};
-  lc.gridDim = dim3(gx, gy);
-  lc.blockDim = dim3(KVA_MLA_THREADS);
-  lc.dynamicSmemBytes = (size_t)smem;
-  lc.stream = s;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  lc.attrs = &attr;
-  lc.numAttrs = 1;
-  KVA_CUDA_TRY(cudaLaunchKernelEx(&lc, fn, *a));
+   * previous layer) */
+  KVA_CUDA_TRY(kva_launch_pdl(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s, *a));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
   return KVA_OK;
 }
