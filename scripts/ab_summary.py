@@ -1,10 +1,11 @@
-"""Table of an A/B script (scripts/ab_decode.sh, ab_fp8.sh, ab_mla.sh) from
+"""Table of an A/B script (scripts/ab_decode.sh, ab_fp8.sh, ab_mla.sh, ab_prefill.sh) from
 the `kvattn bench --json` lines on stdin, each tagged by the script with
 "bin" (the build's file name) or, for MLA, "kernel" (v2/v3):
     ... | python3 scripts/ab_summary.py decode|fp8|mla
 decode: every sample per row, sorted (the spread shows what a difference
 is worth); fp8: median fp8 vs bf16 time per build and shape; mla: median
-per kernel and shape, with the other numbers of the sample nearest it."""
+per kernel and shape, with the other numbers of the sample nearest it;
+prefill: every TFLOP/s sample per shape and variant ("kernel"), sorted."""
 import collections
 import json
 import statistics
@@ -52,9 +53,18 @@ def mla():
             k[0], k[1], k[2], k[3], k[4], k[5], t, r["kv_gbps"], r["ratio"], r["tflops"], r["bound"]))
 
 
-TABLES = {"decode": decode, "fp8": fp8, "mla": mla}
+def prefill():
+    d = groups(lambda r: (int(r["heads"].split(":")[0]), int(r["heads"].split(":")[1]),
+                          r["head_dim"], r["causal"], r["ctx"], r["batch"], r["kernel"]))
+    for k in sorted(d):
+        fs = sorted(r["tflops"] for r in d[k])
+        print("%d:%d d=%-3d causal=%d S=%-5d B=%-2d %-6s TFLOP/s %s" % (
+            k[0], k[1], k[2], k[3], k[4], k[5], k[6], " ".join("%.1f" % f for f in fs)))
+
+
+TABLES = {"decode": decode, "fp8": fp8, "mla": mla, "prefill": prefill}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in TABLES:
-        sys.exit("usage: python3 scripts/ab_summary.py decode|fp8|mla < bench.jsonl")
+        sys.exit("usage: python3 scripts/ab_summary.py decode|fp8|mla|prefill < bench.jsonl")
     TABLES[sys.argv[1]]()

@@ -44,6 +44,12 @@ if has sanitize; then
     tail -4 "$OUT/san_$tool.log"
     note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_$tool.log" | tail -2 | tr '\n' ' ')"
   done
+  for tool in memcheck racecheck synccheck; do # the prefill kernel's TMA path, partial tiles included
+    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" bench --device cuda --mode mixed \
+      --batch 6 --ctx 300 --prefix 400 --page 16 --heads 4:2 --iters 1 >"$OUT/san_ext_$tool.log" 2>&1
+    rc=$?
+    note "compute-sanitizer $tool (TMA prefill): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/san_ext_$tool.log" | tail -1)"
+  done
   for tool in memcheck racecheck; do # the MLA kernel on purpose
     timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_$tool.log" 2>&1
     rc=$?

@@ -27,7 +27,9 @@ typedef struct kva_ext_plan {
   int grid_wg[2];
   int ws;         /* d=64/128/256 16-bit KV: the warp-specialized one (default,
                    * KVA_EXTEND_KERNEL=ws); neither: mma.sync */
-  int grid_ws[3][2];
+  int grid_ws[3][4];
+  int tma;        /* ws kernel: TMA loads from this many producer warps where the page
+                   * size allows them, 0 never (KVA_EXTEND_TMA) */
 } kva_ext_plan;
 
 static kva_ext_plan *ext_plan_of(const kva_plan *plan) {
@@ -75,6 +77,11 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
     const char *env = getenv("KVA_EXTEND_KERNEL");
     ep->ws = env == NULL || env[0] == '\0' || strcmp(env, "ws") == 0;
     ep->wgmma = env != NULL && strcmp(env, "wgmma") == 0;
+    /* KVA_EXTEND_TMA: 0 = cp.async gather, 1 or 2 = TMA from that many
+     * producer warps, unset = the default below */
+    const char *tma = getenv("KVA_EXTEND_TMA");
+    ep->tma = tma == NULL || tma[0] == '\0' ? KVA_WS_TMA_WARPS : atoi(tma);
+    if (ep->tma < 0 || ep->tma > 2) ep->tma = KVA_WS_TMA_WARPS;
   }
   /* the ws kernel's tiles are 128 query rows at every head dim (mma.sync's
    * at d=256: 64), so the schedule follows the kernel the plan's pool gets */
@@ -139,6 +146,38 @@ kva_status kva_cuda_extend_plan(kva_plan *plan) {
   return KVA_OK;
 }
 
+/* Rows of a K/V TMA box for the ws kernel: a whole page when pages tile
+ * the key tile (page size divides it), the key tile when it lies in one
+ * page (divides the page size); 0 (cp.async gather) otherwise or for pages
+ * of fewer than 8 keys, where a box per page would cost more than the
+ * gather. */
+static int ext_tma_rows(int page_size, int key_tile) {
+  if (page_size < 8) return 0;
+  if (key_tile % page_size == 0) return page_size;
+  return page_size % key_tile == 0 ? key_tile : 0;
+}
+
+/* The ws kernel's tensor maps (see kva_ext_tma) for this layer and Q. */
+static kva_status ext_tma_maps(kva_ext_tma *tm, const kva_plan *plan, const kva_pool *pool,
+                               int layer, const void *q, int rows, int warps) {
+  const kva_pool_config *pc = &pool->cfg;
+  const uint64_t d = (uint64_t)pc->head_dim, hq = (uint64_t)plan->cfg.num_qo_heads;
+  const uint64_t hkv = (uint64_t)pc->num_kv_heads;
+  memset(tm, 0, sizeof *tm);
+  tm->rows = rows;
+  tm->warps = warps;
+  const uint64_t qdims[3] = {d, hq, (uint64_t)plan->hdr.total_q};
+  const uint64_t qstr[2] = {d * 2, hq * d * 2};
+  const uint32_t qbox[3] = {64, 1, KVA_WS_TILE_ROWS};
+  kva_status st = kva_tma_encode_16bit_3d(&tm->q, q, qdims, qstr, qbox);
+  const uint64_t kdims[3] = {d, hkv, (uint64_t)pc->num_pages * (uint64_t)pc->page_size};
+  const uint64_t kstr[2] = {d * 2, hkv * d * 2};
+  const uint32_t kbox[3] = {64, 1, (uint32_t)rows};
+  if (st == KVA_OK) st = kva_tma_encode_16bit_3d(&tm->k, pool->k[layer], kdims, kstr, kbox);
+  if (st == KVA_OK) st = kva_tma_encode_16bit_3d(&tm->v, pool->v[layer], kdims, kstr, kbox);
+  return st;
+}
+
 /* key / d == (umulhi(key, mul) + key) >> shift for key < 2^31, d in [1, 2^31). */
 kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                      const kva_attn_params *params, const void *q, void *o,
@@ -183,15 +222,23 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   if (ws) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
+    const int rows = ep->tma ? ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
+    kva_ext_tma tm_buf;
+    const kva_ext_tma *tm = NULL;
+    if (rows > 0) {
+      const kva_status st = ext_tma_maps(&tm_buf, plan, pool, layer, q, rows, ep->tma);
+      if (st != KVA_OK) return st;
+      tm = &tm_buf;
+    }
     switch (d) {
       case 64:
-        return kva_ext_launch_ws_d64(&a, dtype, cs->num_sms, max_items, ep->grid_ws[0],
+        return kva_ext_launch_ws_d64(&a, tm, dtype, cs->num_sms, max_items, ep->grid_ws[0],
                                      cs->stream);
       case 128:
-        return kva_ext_launch_ws_d128(&a, dtype, cs->num_sms, max_items, ep->grid_ws[1],
+        return kva_ext_launch_ws_d128(&a, tm, dtype, cs->num_sms, max_items, ep->grid_ws[1],
                                       cs->stream);
       default:
-        return kva_ext_launch_ws_d256(&a, dtype, cs->num_sms, max_items, ep->grid_ws[2],
+        return kva_ext_launch_ws_d256(&a, tm, dtype, cs->num_sms, max_items, ep->grid_ws[2],
                                       cs->stream);
     }
   }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/tma.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -80,12 +81,28 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
  * head dim (the plan's schedule; mma.sync's is 64 at d=256).
  * grid_cache[2]: (f16, bf16). */
 #define KVA_WS_TILE_ROWS 128
-kva_status kva_ext_launch_ws_d64(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
-                                 int grid_cache[2], cudaStream_t stream);
-kva_status kva_ext_launch_ws_d128(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
-                                  int grid_cache[2], cudaStream_t stream);
-kva_status kva_ext_launch_ws_d256(const kva_ext_args *a, kva_dtype qt, int num_sms, int max_items,
-                                  int grid_cache[2], cudaStream_t stream);
+#define KVA_WS_BN(d) ((d) == 256 ? 64 : 128) /* keys per tile */
+#define KVA_WS_TMA_WARPS 2 /* default producer warps of the TMA loads (1: Q, K, V; 2: Q and K, V) */
+/* The ws kernel's TMA loads (tm != NULL): Q as [total_q][hq][D] and the
+ * layer's K and V as [slots][hkv][D], boxes of 64 columns (128 bytes) by 1
+ * head by `rows` rows: the Q tile's 128 rows, or min(page size, key tile)
+ * keys, one page or one key tile per box (see ext_tma_rows). Without: the
+ * producer gathers rows with cp.async. grid_cache[4]: (f16, bf16) x
+ * (cp.async, TMA). */
+typedef struct kva_ext_tma {
+  CUtensorMap q, k, v;
+  int rows;
+  int warps; /* producer warps issuing them: 1 (Q, K, V) or 2 (Q and K; V) */
+} kva_ext_tma;
+kva_status kva_ext_launch_ws_d64(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt,
+                                 int num_sms, int max_items, int grid_cache[4],
+                                 cudaStream_t stream);
+kva_status kva_ext_launch_ws_d128(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt,
+                                  int num_sms, int max_items, int grid_cache[4],
+                                  cudaStream_t stream);
+kva_status kva_ext_launch_ws_d256(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt,
+                                  int num_sms, int max_items, int grid_cache[4],
+                                  cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -261,23 +261,21 @@ static __device__ __forceinline__ void wg_fence_softmax(uint32_t pn[BN / 8][2], 
 
 /* After the softmax of tile n, issued while P_{n-1} V_{n-1} runs: pins the
  * softmax before the wait (otherwise the compiler sinks it to its uses after
- * the wait and nothing overlaps P V), waits for P V under a branch on the
- * softmax's vote (which keeps ptxas from hoisting the wait above the
- * softmax), rescales O if a row max moved, and fences the P registers the
- * finished P V read. */
+ * the wait and nothing overlaps P V), waits for P V after a branch on the
+ * softmax's last result (never taken: a row sum is not negative; the branch
+ * keeps ptxas from hoisting the wait above the softmax), rescales O if a
+ * row max moved, and fences the P registers the finished P V read. The
+ * wait is one instruction for every warp: wgmma.wait_group is .aligned
+ * over the warpgroup, and the rescale vote is per warp. */
 template <int D = 128, int BN = 128>
 static __device__ __forceinline__ void wg_finish_pv(float o[D / 2], uint32_t pk[BN / 8][2],
                                                     uint32_t pn[BN / 8][2], float m[2], float l[2],
                                                     float alpha[2], int rescale) {
   wg_fence_softmax<BN>(pn, m, l, alpha, &rescale);
-  if (rescale) {
-    kva_wgmma_wait<0>();
-    wg_fence_acc<D / 2>(o);
-    wg_rescale<D>(o, alpha);
-  } else {
-    kva_wgmma_wait<0>();
-    wg_fence_acc<D / 2>(o);
-  }
+  kva_sched_fence_on(l[1] < 0.f);
+  kva_wgmma_wait<0>();
+  wg_fence_acc<D / 2>(o);
+  if (rescale) wg_rescale<D>(o, alpha);
 #pragma unroll
   for (int j = 0; j < BN / 8; j++) {
     kva_reg_fence_u32(&pk[j][0]);

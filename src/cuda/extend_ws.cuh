@@ -47,7 +47,7 @@
 
 #define KVA_WS_THREADS 384
 #define KVA_WS_BM KVA_WS_TILE_ROWS /* query rows of an item (the plan's tile rows) */
-#define KVA_WS_BN(d) ((d) == 256 ? 64 : 128)
+/* KVA_WS_BN(d), the key tile: extend.h */
 #define KVA_WS_STAGES(d) ((d) == 64 ? 5 : (d) == 128 ? 3 : 2)
 #define KVA_WS_PROD_REGS 40  /* 128 x (40 + 2 x 232) = 64512 <= 64K registers */
 #define KVA_WS_CONS_REGS 232 /* launch: 65536 / 384 -> 168 per thread */
@@ -200,6 +200,131 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
   kva_cp_async_wait_all(); /* leave no copy in flight at exit */
 }
 
+/* TMA producer: one warp loading Q, K and V, or (tm->warps = 2) warp 0
+ * loading Q and K and warp 1 loading V, so that each ring refills as soon
+ * as its own stage is released. A full key tile is BN / rows boxes (a
+ * page, or the tile inside one page) per 64-column block: lane i holds box
+ * i's slot (looked up a tile ahead) and issues its loads once lane 0 armed
+ * the stage's full barrier with the tile's bytes (UTMALDG takes uniform
+ * operands, so ptxas issues the lanes' loads one lane at a time; only the
+ * slot changes between them). An item's last tile when it runs past kv_len
+ * is gathered with cp.async instead (rows past kv_len zero-filled, so
+ * masked P V stays finite whatever the page holds there), waited for and
+ * fenced to the async proxy by the warp, then arrived on. */
+template <int D>
+static __device__ __forceinline__ void ws_tma_tile(uint32_t dst, const CUtensorMap *map, int hk,
+                                                   int slot, int nbox, int rows, uint32_t bar,
+                                                   int lane) {
+  constexpr int BN = KVA_WS_BN(D);
+  if (lane == 0) kva_mbar_arrive_expect_tx(bar, (uint32_t)(BN * D * 2));
+  __syncwarp();
+  if (lane < nbox) {
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++)
+      kva_tma_load_3d(dst + cb * (BN * 128) + lane * rows * 128, map, cb * 64, hk, slot, bar);
+  }
+}
+template <int D>
+static __device__ __forceinline__ void ws_copy_tile_warp(uint32_t dst, const kva_ext_args *ap,
+                                                         const ext_item &x, int k0,
+                                                         const unsigned char *g, uint32_t bar,
+                                                         int lane) {
+#pragma unroll 1
+  for (int w = 0; w < 4; w++) { /* the rows of the cp.async producer's 4 warps */
+    const int p = lane + 32 * w;
+    const int pre = ext_slot(x.pt, k0 + ws_my_row<D>(p), x.kv_len, ap->page_size, ap->ps_mul,
+                             ap->ps_shift);
+    ws_issue_tile<D>(dst, pre, g, ap->hkv * D, 0, p);
+  }
+  kva_cp_async_wait_all();
+  kva_fence_proxy_async_smem(); /* generic-proxy writes -> the consumers' wgmma */
+  __syncwarp();
+  if (lane == 0) kva_mbar_arrive(bar);
+}
+
+/* Slot of box `lane` of the key tile at k0 (0 for lanes past the boxes
+ * and for keys past kv_len: such a tile is gathered with cp.async). */
+static __device__ __forceinline__ int ws_box_slot(const kva_ext_args *ap, const ext_item &x, int k0,
+                                                  int rows, int nbox, int lane) {
+  const int key = k0 + lane * rows;
+  return lane < nbox && key < x.kv_len
+             ? ext_slot(x.pt, key, x.kv_len, ap->page_size, ap->ps_mul, ap->ps_shift)
+             : 0;
+}
+
+template <int D>
+static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, const kva_ext_tma *tm,
+                                                    uint32_t s_q, uint32_t s_k, uint32_t s_v,
+                                                    uint32_t s_bar, volatile ext_item *its,
+                                                    int w, int lane) {
+  constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
+  constexpr int KVT = KVA_WS_KVTILE(D);
+  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+  const int rows = tm->rows, nbox = BN / rows, nw = tm->warps;
+  const int do_k = w == 0, do_v = nw == 1 || w == 1;
+  if (lane == 0) {
+    if (do_k) kva_tma_prefetch_map(&tm->q), kva_tma_prefetch_map(&tm->k);
+    if (do_v) kva_tma_prefetch_map(&tm->v);
+  }
+  volatile int *const idx = (volatile int *)(its + 2); /* [2]: this round's item index */
+  uint32_t t = 0; /* key tiles issued so far (ring position) */
+  for (int round = 0;; round++) {
+    /* the cp.async producer's item order and index handoff (see ws_producer) */
+    if (w == 0 && lane == 0) idx[round & 1] = atomicAdd(ap->item_counter, 1);
+    kva_bar_sync(KVA_WS_BAR_PROD, 32 * nw);
+    const int item = idx[round & 1];
+    const ext_item x = ext_item_at<D, 0, BM, BN, 1>(ap, item);
+    const int hk = x.h / ap->group;
+    /* this lane's box slot of the tile to issue next */
+    int slot = x.ntiles > 0 ? ws_box_slot(ap, x, x.kb, rows, nbox, lane) : 0;
+#pragma unroll 1
+    for (int n = 0; n < x.ntiles + 1; n++) {
+      if (do_k && (n == 1 || (n == 0 && x.ntiles == 0))) {
+        /* Q and the item's scalars, once the previous round released Q
+         * (K tile 0 of the item is already on its way) */
+        kva_mbar_wait(q_empty, (uint32_t)(round & 1) ^ 1u);
+        if (lane == 0) {
+          /* the item again (cached loads): its scalars the key loop does
+           * not use stay out of the producer's 40 registers */
+          const ext_item xq = ext_item_at<D, 0, BM, BN, 1>(ap, item);
+          ext_item_store(&its[round & 1], xq);
+          if (xq.valid) { /* the arrival publishes the item (release) */
+            kva_mbar_arrive_expect_tx(q_full, (uint32_t)(BM * D * 2));
+#pragma unroll
+            for (int cb = 0; cb < D / 64; cb++)
+              kva_tma_load_3d(s_q + cb * (BM * 128), &tm->q, cb * 64, xq.h, xq.q_row0, q_full);
+          } else {
+            kva_mbar_arrive(q_full);
+          }
+        }
+      }
+      if (n == x.ntiles) break;
+      const uint32_t st = t % NS, par = (t / NS) & 1;
+      const uint32_t bk = ring + st * 32; /* k_full, k_empty, v_full, v_empty */
+      const int k0 = x.kb + n * BN;
+      const int full = k0 + BN <= x.kv_len;
+      if (do_k) {
+        kva_mbar_wait(bk + 8, par ^ 1u);
+        if (full)
+          ws_tma_tile<D>(s_k + st * KVT, &tm->k, hk, slot, nbox, rows, bk, lane);
+        else
+          ws_copy_tile_warp<D>(s_k + st * KVT, ap, x, k0, x.kg, bk, lane);
+      }
+      if (do_v) {
+        kva_mbar_wait(bk + 24, par ^ 1u);
+        if (full)
+          ws_tma_tile<D>(s_v + st * KVT, &tm->v, hk, slot, nbox, rows, bk + 16, lane);
+        else
+          ws_copy_tile_warp<D>(s_v + st * KVT, ap, x, k0, x.vg, bk + 16, lane);
+      }
+      t++;
+      /* the next tile's slots now: their page-table loads overlap the waits */
+      if (n + 1 < x.ntiles) slot = ws_box_slot(ap, x, k0 + BN, rows, nbox, lane);
+    }
+    if (!x.valid) break;
+  }
+}
+
 /* Consumer: one GEMM turn of the pingpong (S_n and, if any, P_{n-1} V_{n-1}
  * issued between the wait for this warpgroup's token and its handoff). */
 static __device__ __forceinline__ void ws_turn_wait(int cw) {
@@ -209,9 +334,10 @@ static __device__ __forceinline__ void ws_turn_pass(int cw) {
   kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
 }
 
-template <int D, int QT>
+template <int D, int QT, int TMA>
 __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
-    kva_ext_ws_kernel(const __grid_constant__ kva_ext_args a) {
+    kva_ext_ws_kernel(const __grid_constant__ kva_ext_args a,
+                      const __grid_constant__ kva_ext_tma tm) {
   constexpr int BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
   constexpr int QTL = KVA_WS_QTILE(D), KVT = KVA_WS_KVTILE(D);
   static_assert(D != 128 || KVA_WS_BM == KVA_EXT_BM(128), "d=128 tiles shared with mma.sync");
@@ -229,12 +355,14 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
 
   const int tid = threadIdx.x;
   if (tid == 0) {
-    kva_mbar_init(q_full, 128 + 1);
+    /* full barriers: the cp.async producer's 128 threads (Q: + the item's
+     * writer), or one arrival (with the transaction bytes) under TMA */
+    kva_mbar_init(q_full, TMA ? 1 : 128 + 1);
     kva_mbar_init(q_empty, 256);
     for (int s = 0; s < NS; s++) {
-      kva_mbar_init(ring + 32 * s, 128);      /* k_full */
-      kva_mbar_init(ring + 32 * s + 8, 256);  /* k_empty */
-      kva_mbar_init(ring + 32 * s + 16, 128); /* v_full */
+      kva_mbar_init(ring + 32 * s, TMA ? 1 : 128);      /* k_full */
+      kva_mbar_init(ring + 32 * s + 8, 256);            /* k_empty */
+      kva_mbar_init(ring + 32 * s + 16, TMA ? 1 : 128); /* v_full */
       kva_mbar_init(ring + 32 * s + 24, 256); /* v_empty */
     }
   }
@@ -243,7 +371,10 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int wg = wg_uni(tid >> 7);
   if (wg == 0) {
     kva_setmaxnreg_dec<KVA_WS_PROD_REGS>();
-    ws_producer<D>(&a, s_q, s_k, s_v, s_bar, its, tid);
+    if (!TMA)
+      ws_producer<D>(&a, s_q, s_k, s_v, s_bar, its, tid);
+    else if (tid < 32 * tm.warps) /* one or two warps issue the TMA loads */
+      ws_producer_tma<D>(&a, &tm, s_q, s_k, s_v, s_bar, its, tid >> 5, tid & 31);
     return;
   }
   kva_setmaxnreg_inc<KVA_WS_CONS_REGS>();
@@ -291,7 +422,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       if (have_p) {
         kva_mbar_wait(bk, par);                         /* K_n landed */
         kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);     /* V_{n-1} landed */
-        kva_fence_proxy_async_smem(); /* cp.async data (generic proxy) -> wgmma */
+        if (!TMA) kva_fence_proxy_async_smem(); /* cp.async data (generic proxy) -> wgmma */
         ws_turn_wait(cw);
         wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
         wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
@@ -307,7 +438,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
         kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
       } else {
         kva_mbar_wait(bk, par);
-        kva_fence_proxy_async_smem();
+        if (!TMA) kva_fence_proxy_async_smem();
         ws_turn_wait(cw);
         wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
         ws_turn_pass(cw);
@@ -325,7 +456,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     if (have_p) { /* the last P V (outside the pingpong) */
       const uint32_t sp = (t - 1) % NS, bv = ring + sp * 32;
       kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);
-      kva_fence_proxy_async_smem();
+      if (!TMA) kva_fence_proxy_async_smem();
       wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
       kva_wgmma_wait<0>();
       wg_fence_acc<D / 2>(o);

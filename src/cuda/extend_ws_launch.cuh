@@ -6,21 +6,40 @@
 #include "cuda/extend_launch.cuh"
 #include "cuda/extend_ws.cuh"
 
-template <int D, int QT>
-static kva_status ws_launch(const kva_ext_args *a, int num_sms, int max_items, int *grid,
-                            cudaStream_t stream) {
+/* TMA: the tensor maps in tm (the kernel's TMA instantiation); else the
+ * cp.async producer (tm is passed unused). */
+template <int D, int QT, int TMA>
+static kva_status ws_launch(const kva_ext_args *a, const kva_ext_tma *tm, int num_sms,
+                            int max_items, int *grid, cudaStream_t stream) {
   static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
-  return ext_launch_persistent(kva_ext_ws_kernel<D, QT>, optin, KVA_WS_THREADS, KVA_WS_SMEM(D),
-                               "warp-specialized extend kernel", D, a, num_sms, max_items, grid,
-                               stream);
+  const kva_status st =
+      ext_grid_size((const void *)kva_ext_ws_kernel<D, QT, TMA>, optin, KVA_WS_THREADS,
+                    KVA_WS_SMEM(D), "warp-specialized extend kernel", D, num_sms, grid);
+  if (st != KVA_OK) return st;
+  const int g = *grid < max_items ? *grid : max_items > 0 ? max_items : 1;
+  kva_ext_ws_kernel<D, QT, TMA><<<g, KVA_WS_THREADS, KVA_WS_SMEM(D), stream>>>(*a, *tm);
+  KVA_CUDA_LAUNCH_CHECK("warp-specialized extend kernel");
+  return KVA_OK;
 }
 
-/* Body of kva_ext_launch_ws_dN: grid_cache[2] = (f16, bf16). */
-#define KVA_WS_DEFINE_LAUNCH(D)                                                              \
-  kva_status kva_ext_launch_ws_d##D(const kva_ext_args *a, kva_dtype qt, int num_sms,        \
-                                    int max_items, int grid_cache[2], cudaStream_t stream) { \
-    return qt == KVA_F16 ? ws_launch<D, KVA_F16>(a, num_sms, max_items, &grid_cache[0], stream) \
-                         : ws_launch<D, KVA_BF16>(a, num_sms, max_items, &grid_cache[1], stream); \
+template <int D>
+static kva_status ws_launch_d(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt,
+                              int num_sms, int max_items, int grid_cache[4], cudaStream_t stream) {
+  if (tm != NULL)
+    return qt == KVA_F16 ? ws_launch<D, KVA_F16, 1>(a, tm, num_sms, max_items, &grid_cache[2], stream)
+                         : ws_launch<D, KVA_BF16, 1>(a, tm, num_sms, max_items, &grid_cache[3], stream);
+  kva_ext_tma none;
+  memset(&none, 0, sizeof none);
+  return qt == KVA_F16 ? ws_launch<D, KVA_F16, 0>(a, &none, num_sms, max_items, &grid_cache[0], stream)
+                       : ws_launch<D, KVA_BF16, 0>(a, &none, num_sms, max_items, &grid_cache[1], stream);
+}
+
+/* Body of kva_ext_launch_ws_dN. */
+#define KVA_WS_DEFINE_LAUNCH(D)                                                                 \
+  kva_status kva_ext_launch_ws_d##D(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt, \
+                                    int num_sms, int max_items, int grid_cache[4],              \
+                                    cudaStream_t stream) {                                      \
+    return ws_launch_d<D>(a, tm, qt, num_sms, max_items, grid_cache, stream);                  \
   }
 
 #endif /* KVA_CUDA_EXTEND_WS_LAUNCH_CUH */

@@ -348,6 +348,13 @@ static __device__ __forceinline__ void kva_reg_fence_u32(uint32_t *x) {
   asm volatile("" : "+r"(*x)::"memory");
 }
 
+/* A branch on `never` (a value that is never nonzero, computed last by the
+ * code that must stay before what follows): ptxas does not schedule
+ * instructions across it, e.g. a wgmma wait above the softmax. */
+static __device__ __forceinline__ void kva_sched_fence_on(int never) {
+  if (never) asm volatile("nanosleep.u32 0;\n" ::: "memory");
+}
+
 /* ---- mbarriers, named barriers, register reallocation (sm_90a) ------------ */
 
 /* 64-bit mbarrier in shared memory at `bar`, `count` arrivals per phase.
@@ -387,6 +394,27 @@ static __device__ __forceinline__ void kva_cp_async_mbar_arrive_noinc(uint32_t b
 /* Waits for all of this thread's cp.async (committed or not). */
 static __device__ __forceinline__ void kva_cp_async_wait_all(void) {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+/* TMA (cp.async.bulk.tensor) with mbarrier transaction counts. One
+ * arrival that also expects `bytes` more to land on `bar` in this phase
+ * (issue it before the loads it covers). */
+static __device__ __forceinline__ void kva_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+/* Box of the 3-D tensor map `map` (a __grid_constant__ kernel parameter) at
+ * coordinates (c0, c1, c2), innermost first, into smem at dst; completes
+ * its bytes on `bar`. Out-of-range coordinates land as zeros. */
+static __device__ __forceinline__ void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1,
+                                                       int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+static __device__ __forceinline__ void kva_tma_prefetch_map(const void *map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
 /* Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a
  * multiple of 32): sync waits for the count, arrive only counts. */

@@ -6,24 +6,34 @@
 #include <algorithm>
 
 static kva_ext_args g_args;
+static kva_ext_tma g_tma;
 template <int D, int QT, int KV8>
 static void body() { kva_ext_kernel<D, QT, KV8>(g_args); }
 template <int QT>
 static void body_wg() { kva_ext_wg_kernel<QT>(g_args); }
 template <int D, int QT>
-static void body_ws() { kva_ext_ws_kernel<D, QT>(g_args); }
+static void body_ws() { kva_ext_ws_kernel<D, QT, 0>(g_args, g_tma); }
+template <int D, int QT>
+static void body_ws_tma() { kva_ext_ws_kernel<D, QT, 1>(g_args, g_tma); }
 
 struct Case {
   int D, qt, kv8, ps, hq, hkv, causal, window, grid;
   float softcap, sm_scale;
   std::vector<int> cached, nnew;
   int zero_first = 0; /* kernel sees kv_len 0 for request 0: no key tile at all */
-  int wg = 0; /* same-type KV: 1 runs the wgmma kernel (d128), 2 the warp-specialized one (any d) */
+  int wg = 0; /* same-type KV: 1 runs the wgmma kernel (d128), 2 the warp-specialized one (any d),
+               * 3 the same with TMA loads where the page size allows them */
 };
 
 static int run_case(const Case &c, int idx) {
   const int D = c.D;
-  const int use_wg = c.wg == 2 && !c.kv8 ? 2 : c.wg == 1 && D == 128 && !c.kv8 ? 1 : 0;
+  const int use_wg = c.wg >= 2 && !c.kv8 ? 2 : c.wg == 1 && D == 128 && !c.kv8 ? 1 : 0;
+  /* TMA box rows as extend.cu's ext_tma_rows picks them (0: cp.async) */
+  const int bn_ws = KVA_WS_BN(D);
+  const int tma_rows = c.wg != 3 || c.kv8 || c.ps < 8 ? 0
+                       : bn_ws % c.ps == 0       ? c.ps
+                       : c.ps % bn_ws == 0       ? bn_ws
+                                                 : 0;
   const int bm = use_wg == 2 ? KVA_WS_BM : KVA_EXT_BM(D); /* the plan's tile rows */
   const EmuLayout l = emu_layout(c.cached, c.nnew, c.ps);
   const int B = l.B, total_q = l.total_q;
@@ -32,6 +42,19 @@ static int run_case(const Case &c, int idx) {
   EmuData e;
   emu_data(e, 2, (size_t)l.num_pages * c.ps * c.hkv * D, c.kv8, c.qt, ks, vs, qn, qn,
            (size_t)total_q * c.hq);
+  { /* NaN in every slot no request's key uses (past kv_len in a last page,
+     * unowned pages): masked keys must not reach P V */
+    std::vector<char> used((size_t)l.num_pages * c.ps, 0);
+    for (int r = 0; r < B; r++)
+      for (int k = 0; k < l.kvlen[r]; k++)
+        used[(size_t)l.pt[(size_t)r * l.maxpages + k / c.ps] * c.ps + k % c.ps] = 1;
+    const size_t eb = c.kv8 ? 1 : 2, row = (size_t)c.hkv * D * eb;
+    for (size_t sl = 0; sl < used.size(); sl++)
+      if (!used[sl]) {
+        memset(e.k + sl * row, 0xff, row);
+        memset(e.v + sl * row, 0xff, row);
+      }
+  }
 
   /* plan (host arrays) and tiles */
   kva_plan plan;
@@ -75,6 +98,20 @@ static int run_case(const Case &c, int idx) {
   a.cu_q = l.cu.data(); a.num_new = nn.data(); a.cache_seqlens = cs.data(); a.page_table = l.pt.data();
   emu_attn_args(a, c.hq, c.hkv, c.ps, sm, ks, vs, c.softcap, c.causal, c.window);
 
+  memset(&g_tma, 0, sizeof g_tma);
+  if (tma_rows) {
+    g_tma.rows = tma_rows;
+    g_tma.warps = 1 + (int)(rnd() % 2);
+    const uint64_t qd[3] = {(uint64_t)D, (uint64_t)c.hq, (uint64_t)total_q};
+    const uint64_t qs[2] = {(uint64_t)D * 2, (uint64_t)c.hq * D * 2};
+    const uint32_t qb[3] = {64, 1, KVA_WS_TILE_ROWS};
+    kva_tma_encode_16bit_3d(&g_tma.q, e.q, qd, qs, qb);
+    const uint64_t kd[3] = {(uint64_t)D, (uint64_t)c.hkv, (uint64_t)l.num_pages * c.ps};
+    const uint64_t kst[2] = {(uint64_t)D * 2, (uint64_t)c.hkv * D * 2};
+    const uint32_t kb[3] = {64, 1, (uint32_t)tma_rows};
+    kva_tma_encode_16bit_3d(&g_tma.k, e.k, kd, kst, kb);
+    kva_tma_encode_16bit_3d(&g_tma.v, e.v, kd, kst, kb);
+  }
   emu_smem_limit = use_wg == 2 ? KVA_WS_SMEM(D) : use_wg ? KVA_WG_SMEM : KVA_EXT_SMEM(D, c.kv8);
   void (*fn)(void) = NULL;
 #define PICK(d)                                                                         \
@@ -83,7 +120,9 @@ static int run_case(const Case &c, int idx) {
   PICK(64) PICK(128) PICK(256)
   if (use_wg == 1) fn = c.qt == KVA_F16 ? body_wg<KVA_F16> : body_wg<KVA_BF16>;
 #define PICK_WS(d) \
-  if (use_wg == 2 && D == d) fn = c.qt == KVA_F16 ? body_ws<d, KVA_F16> : body_ws<d, KVA_BF16>;
+  if (use_wg == 2 && D == d)                                                             \
+    fn = tma_rows ? (c.qt == KVA_F16 ? body_ws_tma<d, KVA_F16> : body_ws_tma<d, KVA_BF16>) \
+                  : (c.qt == KVA_F16 ? body_ws<d, KVA_F16> : body_ws<d, KVA_BF16>);
   PICK_WS(64) PICK_WS(128) PICK_WS(256)
   emu_run_grid(fn, c.grid,
                use_wg == 2 ? KVA_WS_THREADS : use_wg ? KVA_WG_THREADS : KVA_EXT_THREADS);
@@ -109,7 +148,7 @@ static int run_case(const Case &c, int idx) {
         emu_check_mha_row(ck, c, l, e, r, t, h, sm, s.data(), ref.data());
       }
   printf("case %2d %s d%-3d %s%s ps%-3d hq%d/%d causal%d win%-3d cap%g grid%d tiles%-3d",
-         idx, use_wg == 2 ? "ws" : use_wg ? "wg" : "  ", D, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, c.hkv,
+         idx, tma_rows ? "wt" : use_wg == 2 ? "ws" : use_wg ? "wg" : "  ", D, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, c.hkv,
          c.causal, c.window, c.softcap, c.grid, nt);
   return emu_check_end(ck);
 }
@@ -152,16 +191,19 @@ int main(int argc, char **argv) {
     /* ... and every same-type fixed case on the warp-specialized kernel */
     for (size_t i = 0; i < nfix; i++)
       if (!cases[i].kv8) { Case w = cases[i]; w.wg = 2; cases.push_back(w); }
+    /* ... and on it with TMA loads (pages of 8 or more keys that tile the key tile) */
+    for (size_t i = 0; i < nfix; i++)
+      if (!cases[i].kv8) { Case w = cases[i]; w.wg = 3; cases.push_back(w); }
   }
   /* random sweep */
   const int nrand = argc > 2 ? atoi(argv[2]) : 60;
   for (int i = 0; i < nrand; i++) {
     Case c;
-    const int ds[3] = {64, 128, 256}, pss[6] = {1, 2, 5, 16, 33, 256};
+    const int ds[3] = {64, 128, 256}, pss[8] = {1, 2, 5, 16, 33, 256, 8, 64};
     c.D = ds[rnd() % 3];
     c.qt = rnd() % 2 ? KVA_BF16 : KVA_F16;
     c.kv8 = rnd() % 3 == 0;
-    c.ps = pss[rnd() % 6];
+    c.ps = pss[rnd() % 8];
     c.hkv = 1 + rnd() % 2;
     c.hq = c.hkv * (1 + rnd() % 3);
     c.causal = rnd() % 4 != 0;
@@ -174,7 +216,7 @@ int main(int argc, char **argv) {
       c.cached.push_back(rnd() % 3 == 0 ? 0 : (int)(rnd() % 200));
       c.nnew.push_back(rnd() % 5 == 0 ? 1 + (int)(rnd() % 8) : 9 + (int)(rnd() % 170));
     }
-    c.wg = argc > 3 ? atoi(argv[3]) : (int)(rnd() % 3);
+    c.wg = argc > 3 ? atoi(argv[3]) : (int)(rnd() % 4);
     const int only_d = argc > 4 ? atoi(argv[4]) : 0;
     if (only_d) { /* only same-type KV cases (the wgmma kernels'): 1 = d128, 64/128/256
                    * = that head dim, 2 = any of the three */

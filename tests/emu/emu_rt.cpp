@@ -9,6 +9,7 @@
  * not rewritten while the wgmma was in flight. */
 #include "emu_cuda.h"
 #include "cuda/ptx.cuh"
+#include "cuda/tma.h"
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -48,6 +49,7 @@ static int bar_arrived[NBAR], bar_expect[NBAR];
 struct MBar {
   int count, pending;
   uint32_t phase;
+  long tx; /* transaction bytes still to land in this phase */
 };
 static std::map<uint32_t, MBar> mbars;
 /* cp.async copies whose mbarrier arrival is pending (per thread, FIFO) */
@@ -299,14 +301,95 @@ static MBar &mbar_of(uint32_t bar) {
 void kva_mbar_init(uint32_t bar, uint32_t count) {
   if (bar & 7) { fprintf(stderr, "mbarrier %u not 8-byte aligned\n", bar); abort(); }
   check_smem(bar, 8);
-  mbars[bar] = MBar{(int)count, (int)count, 0};
+  mbars[bar] = MBar{(int)count, (int)count, 0, 0};
 }
-static void mbar_arrive_at(uint32_t bar) {
-  MBar &b = mbar_of(bar);
-  if (--b.pending == 0) {
+static void mbar_complete_if_done(MBar &b) {
+  if (b.pending == 0 && b.tx == 0) {
     b.phase++;
     b.pending = b.count;
   }
+}
+static void mbar_arrive_at(uint32_t bar) {
+  MBar &b = mbar_of(bar);
+  if (b.pending <= 0) { fprintf(stderr, "mbarrier %u: arrival past its count\n", bar); abort(); }
+  b.pending--;
+  mbar_complete_if_done(b);
+}
+void kva_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  mbar_of(bar).tx += bytes;
+  mbar_arrive_at(bar);
+}
+static void mbar_complete_tx(uint32_t bar, long bytes) {
+  MBar &b = mbar_of(bar);
+  b.tx -= bytes;
+  if (b.tx < 0) { fprintf(stderr, "mbarrier %u: more bytes landed than expected\n", bar); abort(); }
+  mbar_complete_if_done(b);
+}
+
+/* TMA emulation: the tensor map's bytes hold an EmuMap */
+struct EmuMap {
+  const unsigned char *base;
+  uint64_t dims[3], strides[2];
+  uint32_t box[3];
+};
+static_assert(sizeof(EmuMap) <= sizeof(CUtensorMap), "map fits");
+extern "C" kva_status kva_tma_encode_16bit_3d(CUtensorMap *map, const void *base,
+                                              const uint64_t dims[3], const uint64_t strides[2],
+                                              const uint32_t box[3]) {
+  if (((uintptr_t)base & 15) || (strides[0] & 15) || (strides[1] & 15) || box[0] * 2 != 128 ||
+      box[1] < 1 || box[2] < 1 || box[1] > 256 || box[2] > 256) {
+    fprintf(stderr, "tensor map: bad base, strides or box\n");
+    abort();
+  }
+  EmuMap m;
+  m.base = (const unsigned char *)base;
+  for (int i = 0; i < 3; i++) m.dims[i] = dims[i], m.box[i] = box[i];
+  m.strides[0] = strides[0];
+  m.strides[1] = strides[1];
+  memset(map, 0, sizeof *map);
+  memcpy(map, &m, sizeof m);
+  return KVA_OK;
+}
+struct TmaOp {
+  uint32_t dst, bar;
+  EmuMap m;
+  int c[3];
+};
+static std::vector<TmaOp> tma_q;
+void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar) {
+  TmaOp op;
+  memcpy(&op.m, map, sizeof op.m);
+  op.dst = dst;
+  op.bar = bar;
+  op.c[0] = c0; op.c[1] = c1; op.c[2] = c2;
+  const uint32_t bytes = op.m.box[0] * op.m.box[1] * op.m.box[2] * 2;
+  if (dst & 1023) { fprintf(stderr, "TMA smem dst %u not 1024-byte aligned\n", dst); abort(); }
+  check_smem(dst, (int)bytes);
+  if (c0 % 8) { fprintf(stderr, "TMA column %d not 16-byte aligned\n", c0); abort(); }
+  mbar_of(bar);
+  memset(smem + dst, 0xff, bytes); /* garbage until it lands */
+  for (uint32_t a = dst; a < dst + bytes; a += 16) chunk_stamp[a / 16] = 0; /* async proxy */
+  tma_q.push_back(op);
+}
+static void tma_land(size_t i) {
+  const TmaOp op = tma_q[i];
+  tma_q.erase(tma_q.begin() + (long)i);
+  const EmuMap &m = op.m;
+  for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+    for (uint32_t i1 = 0; i1 < m.box[1]; i1++) {
+      const uint32_t r = i2 * m.box[1] + i1, row = op.dst + r * 128;
+      const int64_t y = (int64_t)op.c[1] + i1, z = (int64_t)op.c[2] + i2;
+      for (uint32_t j = 0; j < 8; j++) {
+        const int64_t x = (int64_t)op.c[0] + 8 * j;
+        unsigned char *d = smem + row + 16 * (j ^ ((row >> 7) & 7));
+        if (x < 0 || x + 8 > (int64_t)m.dims[0] || y < 0 || y >= (int64_t)m.dims[1] || z < 0 ||
+            z >= (int64_t)m.dims[2])
+          memset(d, 0, 16);
+        else
+          memcpy(d, m.base + x * 2 + y * m.strides[0] + z * m.strides[1], 16);
+      }
+    }
+  mbar_complete_tx(op.bar, (long)m.box[0] * m.box[1] * m.box[2] * 2);
 }
 void kva_mbar_arrive(uint32_t bar) { mbar_arrive_at(bar); }
 static int mbar_done(uint32_t bar, uint32_t parity) {
@@ -346,8 +429,9 @@ static void complete_async(int t) {
   for (const Copy &c : ev.copies) land(c, t);
   mbar_arrive_at(ev.bar);
 }
-void kva_cp_async_wait_all(void) {
+void kva_cp_async_wait_all(void) { /* commit_group + wait_group 0, and the tracked ones */
   while (!async_q[cur].empty()) complete_async(cur);
+  kva_cp_async_commit();
   emu_cp_async_wait(0);
 }
 void kva_fence_proxy_async_smem(void) { th[cur].fence_stamp = emu_clock++; }
@@ -472,7 +556,7 @@ static void entry() {
   g_body();
   if (!th[cur].groups.empty() || !th[cur].open.empty() || !async_q[cur].empty()) {
     /* legal on hardware but the kernel is meant to drain its copies */
-    fprintf(stderr, "thread %d exits with cp.async groups pending\n", cur);
+    fprintf(stderr, "thread %d exits with cp.async groups pending (%zu groups, %zu open, %zu mbarrier-tracked)\n", cur, th[cur].groups.size(), th[cur].open.size(), async_q[cur].size());
     abort();
   }
   th[cur].state = 3;
@@ -497,6 +581,7 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
     memset(chunk_stamp, 0, sizeof chunk_stamp);
     for (int i = 0; i < NBAR; i++) bar_arrived[i] = 0;
     mbars.clear();
+    tma_q.clear();
     for (int w = 0; w < NTH / 32; w++) warps[w].count = warps[w].deferred = 0;
     for (int t = 0; t < NTH; t++) {
       th[t].stack.assign(1 << 18, 0);
@@ -527,6 +612,13 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
           complete_async(t);
           progress = 1;
         }
+      for (size_t i = 0; i < tma_q.size();)
+        if (sched_rand() % async_rate == 0) {
+          tma_land(i); /* in any order */
+          progress = 1;
+        } else {
+          i++;
+        }
       for (int w = 0; w < NTH / 32; w++)
         if (warps[w].deferred && sched_rand() % wait_rate == 0) {
           complete_wait(w);
@@ -547,6 +639,7 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
         int any = 0;
         for (int t = 0; t < NTH && !any; t++)
           if (!async_q[t].empty()) { complete_async(t); any = 1; }
+        if (!any && !tma_q.empty()) { tma_land(sched_rand() % tma_q.size()); any = 1; }
         for (int w = 0; w < NTH / 32 && !any; w++)
           if (warps[w].deferred) { complete_wait(w); any = 1; }
         if (!any) {
@@ -557,6 +650,7 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
         }
       }
     }
+    if (!tma_q.empty()) { fprintf(stderr, "CTA %d exits with TMA loads in flight\n", b); abort(); }
     for (int i = 0; i < NBAR; i++)
       if (bar_arrived[i]) {
         fprintf(stderr, "CTA %d exits with %d arrivals pending on named barrier %d\n", b, bar_arrived[i], i);

@@ -23,6 +23,7 @@ uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x);
 uint32_t kva_f16x2_to_bf16x2(uint32_t h);
 uint32_t kva_tid_x_volatile(void);
 static inline void kva_wgmma_fence(void) {}
+static inline void kva_sched_fence_on(int) {}
 void kva_wgmma_commit(void);
 void emu_wgmma_wait(int n);
 template <int N> static inline void kva_wgmma_wait(void) { emu_wgmma_wait(N); }
@@ -35,6 +36,12 @@ static inline void kva_mbar_arrive_if(uint32_t bar, int pred) { if (pred) kva_mb
 void kva_mbar_wait(uint32_t bar, uint32_t parity);
 void kva_cp_async_mbar_arrive_noinc(uint32_t bar);
 void kva_cp_async_wait_all(void);
+/* TMA: boxes of a 3-D tensor map (encoded by the emulator's
+ * kva_tma_encode_16bit_3d) land at a random later point, swizzled, and
+ * complete their bytes on the mbarrier (async proxy: no fence needed) */
+void kva_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes);
+void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar);
+static inline void kva_tma_prefetch_map(const void *) {}
 void kva_bar_sync(int id, int count);
 void kva_bar_arrive(int id, int count);
 template <int N> static inline void kva_setmaxnreg_inc(void) {

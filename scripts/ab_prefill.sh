@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# A/B of the warp-specialized prefill kernel's loads (KVA_EXTEND_TMA=1 or 2: TMA
+# boxes, 0: cp.async gather) on the issue's prefill rows, interleaved in one
+# call, then torch's cuDNN SDPA on the same shapes (dense, unpaged):
+#   [AB_SHAPES=quick|full] bash scripts/ab_prefill.sh [repeats]
+set -uo pipefail
+K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
+rows() {
+  for s in 512 1024 2048 4096 8192 16384; do
+    echo "--batch $((16384 / s)) --ctx $s --heads 16:16 --head-dim 128 --causal 1"
+  done
+  if [ "${AB_SHAPES:-quick}" = full ]; then
+    for s in 1024 4096 16384; do
+      b=$((16384 / s))
+      echo "--batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 0"
+      echo "--batch $b --ctx $s --heads 16:16 --head-dim 64 --causal 1"
+      echo "--batch $b --ctx $s --heads 16:16 --head-dim 256 --causal 1"
+      echo "--batch $b --ctx $s --heads 32:8 --head-dim 128 --causal 1"
+    done
+  fi
+}
+for rep in $(seq "$n"); do
+  rows | while read -r cfg; do
+    for v in ${KVA_AB:-1 2 0}; do
+      # shellcheck disable=SC2086
+      KVA_EXTEND_TMA=$v "$K" bench --device cuda --mode prefill --page ${AB_PAGE:-16} --dtype bf16 \
+        --kv-dtype bf16 --json $cfg 2>/dev/null | sed "s|^{|{\"kernel\":\"tma$v\",|"
+    done
+  done
+done | python3 "$(dirname "$0")/ab_summary.py" prefill
