@@ -77,11 +77,11 @@ kva_status kva_cuda_extend_plan_init(kva_plan *plan) {
     const char *env = getenv("KVA_EXTEND_KERNEL");
     ep->ws = env == NULL || env[0] == '\0' || strcmp(env, "ws") == 0;
     ep->wgmma = env != NULL && strcmp(env, "wgmma") == 0;
-    /* KVA_EXTEND_TMA: 0 = cp.async gather, 1 or 2 = TMA from that many
+    /* KVA_EXTEND_TMA: 0 = cp.async gather, 1, 2 or 4 = TMA from that many
      * producer warps, unset = the default below */
     const char *tma = getenv("KVA_EXTEND_TMA");
     ep->tma = tma == NULL || tma[0] == '\0' ? KVA_WS_TMA_WARPS : atoi(tma);
-    if (ep->tma < 0 || ep->tma > 2) ep->tma = KVA_WS_TMA_WARPS;
+    if (ep->tma != 0 && ep->tma != 1 && ep->tma != 2 && ep->tma != 4) ep->tma = KVA_WS_TMA_WARPS;
   }
   /* the ws kernel's tiles are 128 query rows at every head dim (mma.sync's
    * at d=256: 64), so the schedule follows the kernel the plan's pool gets */

@@ -82,7 +82,7 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
  * grid_cache[2]: (f16, bf16). */
 #define KVA_WS_TILE_ROWS 128
 #define KVA_WS_BN(d) ((d) == 256 ? 64 : 128) /* keys per tile */
-#define KVA_WS_TMA_WARPS 2 /* default producer warps of the TMA loads (1: Q, K, V; 2: Q and K, V) */
+#define KVA_WS_TMA_WARPS 4 /* default producer warps of the TMA loads (1, 2 or 4: see kva_ext_tma) */
 /* The ws kernel's TMA loads (tm != NULL): Q as [total_q][hq][D] and the
  * layer's K and V as [slots][hkv][D], boxes of 64 columns (128 bytes) by 1
  * head by `rows` rows: the Q tile's 128 rows, or min(page size, key tile)
@@ -92,7 +92,7 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
 typedef struct kva_ext_tma {
   CUtensorMap q, k, v;
   int rows;
-  int warps; /* producer warps issuing them: 1 (Q, K, V) or 2 (Q and K; V) */
+  int warps; /* producer warps issuing them: 1 (Q, K, V), 2 (Q and K; V) or 4 (K, V in halves) */
 } kva_ext_tma;
 kva_status kva_ext_launch_ws_d64(const kva_ext_args *a, const kva_ext_tma *tm, kva_dtype qt,
                                  int num_sms, int max_items, int grid_cache[4],

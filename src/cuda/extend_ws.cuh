@@ -200,25 +200,28 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
   kva_cp_async_wait_all(); /* leave no copy in flight at exit */
 }
 
-/* TMA producer: one warp loading Q, K and V, or (tm->warps = 2) warp 0
- * loading Q and K and warp 1 loading V, so that each ring refills as soon
- * as its own stage is released. A full key tile is BN / rows boxes (a
- * page, or the tile inside one page) per 64-column block: lane i holds box
- * i's slot (looked up a tile ahead) and issues its loads once lane 0 armed
- * the stage's full barrier with the tile's bytes (UTMALDG takes uniform
- * operands, so ptxas issues the lanes' loads one lane at a time; only the
- * slot changes between them). An item's last tile when it runs past kv_len
- * is gathered with cp.async instead (rows past kv_len zero-filled, so
- * masked P V stays finite whatever the page holds there), waited for and
- * fenced to the async proxy by the warp, then arrived on. */
+/* TMA producer: tm->warps = 1 (warp 0 loads Q, K and V), 2 (warp 0 Q and
+ * K, warp 1 V: each ring refills as soon as its own stage is released) or
+ * 4 (warps 0 and 1 K, 2 and 3 V, each half of a tile's boxes; warp 0 also
+ * Q). A full key tile is BN / rows boxes (a page, or the tile inside one
+ * page) per 64-column block: lane i holds box i's slot (looked up a tile
+ * ahead) and issues its loads if box i is its warp's (i % nsub == sub),
+ * once lane 0 armed the stage's full barrier with the warp's bytes
+ * (UTMALDG takes uniform operands, so ptxas issues the lanes' loads one
+ * lane at a time; only the slot changes between them). An item's last
+ * tile when it runs past kv_len is gathered with cp.async instead by the
+ * pair's first warp (rows past kv_len zero-filled, so masked P V stays
+ * finite whatever the page holds there), waited for and fenced to the
+ * async proxy, then arrived on; the second warp only arrives. */
 template <int D>
 static __device__ __forceinline__ void ws_tma_tile(uint32_t dst, const CUtensorMap *map, int hk,
-                                                   int slot, int nbox, int rows, uint32_t bar,
-                                                   int lane) {
+                                                   int slot, int nbox, int rows, int sub, int nsub,
+                                                   uint32_t bar, int lane) {
   constexpr int BN = KVA_WS_BN(D);
-  if (lane == 0) kva_mbar_arrive_expect_tx(bar, (uint32_t)(BN * D * 2));
+  const int mine = (nbox - sub + nsub - 1) / nsub; /* boxes of this warp */
+  if (lane == 0) kva_mbar_arrive_expect_tx(bar, (uint32_t)(mine * rows * 128 * (D / 64)));
   __syncwarp();
-  if (lane < nbox) {
+  if (lane < nbox && lane % nsub == sub) {
 #pragma unroll
     for (int cb = 0; cb < D / 64; cb++)
       kva_tma_load_3d(dst + cb * (BN * 128) + lane * rows * 128, map, cb * 64, hk, slot, bar);
@@ -261,7 +264,8 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
   constexpr int KVT = KVA_WS_KVTILE(D);
   const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
   const int rows = tm->rows, nbox = BN / rows, nw = tm->warps;
-  const int do_k = w == 0, do_v = nw == 1 || w == 1;
+  const int nsub = nw == 4 ? 2 : 1, sub = nw == 4 ? w & 1 : 0; /* this warp's share of a tile */
+  const int do_k = nw == 4 ? w < 2 : w == 0, do_v = nw == 1 || (nw == 2 ? w == 1 : w >= 2);
   if (lane == 0) {
     if (do_k) kva_tma_prefetch_map(&tm->q), kva_tma_prefetch_map(&tm->k);
     if (do_v) kva_tma_prefetch_map(&tm->v);
@@ -279,7 +283,7 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
     int slot = x.ntiles > 0 ? ws_box_slot(ap, x, x.kb, rows, nbox, lane) : 0;
 #pragma unroll 1
     for (int n = 0; n < x.ntiles + 1; n++) {
-      if (do_k && (n == 1 || (n == 0 && x.ntiles == 0))) {
+      if (w == 0 && (n == 1 || (n == 0 && x.ntiles == 0))) {
         /* Q and the item's scalars, once the previous round released Q
          * (K tile 0 of the item is already on its way) */
         kva_mbar_wait(q_empty, (uint32_t)(round & 1) ^ 1u);
@@ -306,16 +310,20 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
       if (do_k) {
         kva_mbar_wait(bk + 8, par ^ 1u);
         if (full)
-          ws_tma_tile<D>(s_k + st * KVT, &tm->k, hk, slot, nbox, rows, bk, lane);
-        else
+          ws_tma_tile<D>(s_k + st * KVT, &tm->k, hk, slot, nbox, rows, sub, nsub, bk, lane);
+        else if (sub == 0)
           ws_copy_tile_warp<D>(s_k + st * KVT, ap, x, k0, x.kg, bk, lane);
+        else if (lane == 0)
+          kva_mbar_arrive(bk);
       }
       if (do_v) {
         kva_mbar_wait(bk + 24, par ^ 1u);
         if (full)
-          ws_tma_tile<D>(s_v + st * KVT, &tm->v, hk, slot, nbox, rows, bk + 16, lane);
-        else
+          ws_tma_tile<D>(s_v + st * KVT, &tm->v, hk, slot, nbox, rows, sub, nsub, bk + 16, lane);
+        else if (sub == 0)
           ws_copy_tile_warp<D>(s_v + st * KVT, ap, x, k0, x.vg, bk + 16, lane);
+        else if (lane == 0)
+          kva_mbar_arrive(bk + 16);
       }
       t++;
       /* the next tile's slots now: their page-table loads overlap the waits */
@@ -356,13 +364,15 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int tid = threadIdx.x;
   if (tid == 0) {
     /* full barriers: the cp.async producer's 128 threads (Q: + the item's
-     * writer), or one arrival (with the transaction bytes) under TMA */
+     * writer), or under TMA one arrival (with its transaction bytes) per
+     * warp loading the ring */
+    const int kv_arrivals = TMA ? (tm.warps == 4 ? 2 : 1) : 128;
     kva_mbar_init(q_full, TMA ? 1 : 128 + 1);
     kva_mbar_init(q_empty, 256);
     for (int s = 0; s < NS; s++) {
-      kva_mbar_init(ring + 32 * s, TMA ? 1 : 128);      /* k_full */
+      kva_mbar_init(ring + 32 * s, kv_arrivals);        /* k_full */
       kva_mbar_init(ring + 32 * s + 8, 256);            /* k_empty */
-      kva_mbar_init(ring + 32 * s + 16, TMA ? 1 : 128); /* v_full */
+      kva_mbar_init(ring + 32 * s + 16, kv_arrivals);   /* v_full */
       kva_mbar_init(ring + 32 * s + 24, 256); /* v_empty */
     }
   }
@@ -373,7 +383,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     kva_setmaxnreg_dec<KVA_WS_PROD_REGS>();
     if (!TMA)
       ws_producer<D>(&a, s_q, s_k, s_v, s_bar, its, tid);
-    else if (tid < 32 * tm.warps) /* one or two warps issue the TMA loads */
+    else if (tid < 32 * tm.warps) /* one, two or four warps issue the TMA loads */
       ws_producer_tma<D>(&a, &tm, s_q, s_k, s_v, s_bar, its, tid >> 5, tid & 31);
     return;
   }

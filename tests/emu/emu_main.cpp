@@ -101,7 +101,7 @@ static int run_case(const Case &c, int idx) {
   memset(&g_tma, 0, sizeof g_tma);
   if (tma_rows) {
     g_tma.rows = tma_rows;
-    g_tma.warps = 1 + (int)(rnd() % 2);
+    g_tma.warps = 1 << (rnd() % 3); /* 1, 2 or 4 producer warps */
     const uint64_t qd[3] = {(uint64_t)D, (uint64_t)c.hq, (uint64_t)total_q};
     const uint64_t qs[2] = {(uint64_t)D * 2, (uint64_t)c.hq * D * 2};
     const uint32_t qb[3] = {64, 1, KVA_WS_TILE_ROWS};
