@@ -65,6 +65,21 @@ static void run_case(kva_context *ctx, const ext_case *c) {
   kva_plan *plan = NULL;
   CHECK_STATUS(kva_pool_create(ctx, &pc, &pool), KVA_OK);
   if (!pool) goto out;
+  { /* NaN in every byte of the layer's K/V before any store: a slot no
+     * request's key uses (past kv_len in a last page, unowned pages) must
+     * not reach P V, whatever the pool held before */
+    const size_t kvbytes = (size_t)pc.num_pages * pc.page_size * pc.num_kv_heads * pc.head_dim *
+                           kva_dtype_size(pc.kv_dtype);
+    unsigned char *nanb = malloc(kvbytes);
+    void *kb = NULL, *vb = NULL;
+    CHECK_STATUS(kva_pool_get_buffers(pool, layer, &kb, &vb), KVA_OK);
+    if (nanb && kb && vb) {
+      memset(nanb, 0xff, kvbytes);
+      CHECK_STATUS(kva_copy_to_device(ctx, kb, nanb, kvbytes), KVA_OK);
+      CHECK_STATUS(kva_copy_to_device(ctx, vb, nanb, kvbytes), KVA_OK);
+    }
+    free(nanb);
+  }
   if (c->kvt == KVA_FP8_E4M3) CHECK_STATUS(kva_pool_set_scale(pool, layer, 0.02f, 0.015f), KVA_OK);
   CHECK_STATUS(kva_req_table_create(pool, R, max_len, &tab), KVA_OK);
   if (!tab) goto out;
@@ -224,7 +239,16 @@ int main(void) {
       {"d128 bf16 p16 long", 128, 16, 2, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 1, plong, nlong, 1},
       {"d128 f16 p256 window 0", 128, 256, 2, 1, 1, 0, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
+  /* every case with each way the warp-specialized kernel loads K/V (read
+   * at plan creation): TMA from 4, 2 or 1 producer warps, cp.async gather */
+  static const char *const loads[] = {"4", "2", "1", "0"};
+  for (size_t l = 0; l < sizeof loads / sizeof loads[0]; l++) {
+    setenv("KVA_EXTEND_TMA", loads[l], 1);
+    const int failed_before = tu_failures;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
+    if (tu_failures != failed_before) printf("(the failures above: KVA_EXTEND_TMA=%s)\n", loads[l]);
+  }
+  unsetenv("KVA_EXTEND_TMA");
   kva_context_destroy(ctx);
   return tu_summary("test_cuda_extend");
 }
