@@ -225,11 +225,9 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
     const int rows = ep->tma ? ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
     kva_ext_tma tm_buf;
     const kva_ext_tma *tm = NULL;
-    if (rows > 0) {
-      const kva_status st = ext_tma_maps(&tm_buf, plan, pool, layer, q, rows, ep->tma);
-      if (st != KVA_OK) return st;
+    /* a driver without tensor-map encoding leaves the cp.async gather */
+    if (rows > 0 && ext_tma_maps(&tm_buf, plan, pool, layer, q, rows, ep->tma) == KVA_OK)
       tm = &tm_buf;
-    }
     switch (d) {
       case 64:
         return kva_ext_launch_ws_d64(&a, tm, dtype, cs->num_sms, max_items, ep->grid_ws[0],
