@@ -46,6 +46,15 @@ static __device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, 
          ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
 }
 
+/* desc (wg_desc) moved by `off` bytes: the start-address field (bits 0-13,
+ * addr >> 4) takes the offset without a carry out, smem being < 256 KB.
+ * Built from a tile's base descriptor, each k-step's descriptor is one
+ * add instead of the mask, shift and or of wg_desc (12 uniform
+ * instructions per S wgmma otherwise). */
+static __device__ __forceinline__ uint64_t wg_desc_at(uint64_t desc, uint32_t off) {
+  return desc + (uint64_t)(off >> 4);
+}
+
 /* cp.async of one K and one V tile (128 keys) into the swizzled layout.
  * Thread tid copies chunk tid % 16 of rows tid / 16 + 16 i; the slot of
  * each row comes from lane 2 i + lane / 16, whose `pre` holds the slot of
@@ -118,11 +127,12 @@ static __device__ __forceinline__ void wg_issue_s(float s[BN / 2], uint32_t q_wg
     kva_reg_fence_f32(&s[i]); /* written before the wgmma.fence, not sunk past it */
   }
   kva_wgmma_fence();
+  const uint64_t dq = wg_desc(q_wg, 16, 1024), dk = wg_desc(k_s, 16, 1024);
 #pragma unroll
   for (int j = 0; j < D / 16; j++) {
     const uint32_t qoff = (uint32_t)((j >> 2) * (128 * 128) + (j & 3) * 32);
     const uint32_t koff = (uint32_t)((j >> 2) * (BN * 128) + (j & 3) * 32);
-    wg_mma_ss<QT, BN>(s, wg_desc(q_wg + qoff, 16, 1024), wg_desc(k_s + koff, 16, 1024), j > 0);
+    wg_mma_ss<QT, BN>(s, wg_desc_at(dq, qoff), wg_desc_at(dk, koff), j > 0);
   }
   kva_wgmma_commit();
 }
@@ -141,10 +151,11 @@ static __device__ __forceinline__ void wg_issue_pv(float o[D / 2], uint32_t pk[B
     kva_reg_fence_u32(&pk[j][1]);
   }
   kva_wgmma_fence();
+  const uint64_t dv = wg_desc(v_s, BN * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < BN / 16; kk++) {
     const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-    wg_mma_rs<QT, D>(o, pa, wg_desc(v_s + kk * 16 * 128, BN * 128, 1024));
+    wg_mma_rs<QT, D>(o, pa, wg_desc_at(dv, kk * 16 * 128));
   }
   kva_wgmma_commit();
 }
