@@ -256,16 +256,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   /* plan config: invalid values must be refused cleanly */
   kva_plan_config cfg;
+  memset(&cfg, 0, sizeof cfg); /* every field set below; no stack garbage in new ones */
   cfg.max_batch = (int)take(&b, MAX_BATCH + 1);
   cfg.max_q_tokens = (int)take(&b, 300);
   cfg.num_qo_heads = (int)take(&b, 9);
   cfg.num_workers = (int)take(&b, 302) - 1;
   cfg.split_block = (int)take(&b, 302) - 1;
+  cfg.deterministic = (int)take(&b, 4) - 1; /* -1 and 2 are refused */
   kva_plan *plan = NULL;
   kva_status st = kva_plan_create(t, &cfg, &plan);
   int cfg_ok = cfg.max_batch > 0 && cfg.max_q_tokens > 0 && cfg.num_qo_heads > 0 &&
                cfg.num_qo_heads % pc.num_kv_heads == 0 && cfg.num_workers >= 0 &&
-               cfg.split_block >= 0;
+               cfg.split_block >= 0 && (cfg.deterministic == 0 || cfg.deterministic == 1);
   CHECK((st == KVA_OK) == cfg_ok, "plan_create -> %d for a %s config", st,
         cfg_ok ? "valid" : "invalid");
   if (st != KVA_OK) {
