@@ -342,6 +342,83 @@ static __device__ __forceinline__ void ws_turn_pass(int cw) {
   kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
 }
 
+/* A consumer's loop invariants over one item. */
+typedef struct ws_cons {
+  uint32_t q_wg, s_k, s_v, ring, q_empty;
+  int cw, lane, row_w, kb, kv_len, p_first, p_last, ntiles;
+} ws_cons;
+
+/* Key tile n of the item (ring position t): S_n and, but for the first
+ * tile (FIRST), P_{n-1} V_{n-1} with P_{n-1} in pk, issued in this
+ * warpgroup's pingpong turn; the softmax of S_n into pn while P V runs;
+ * O rescaled if a row max moved. Straight-line wgmma sequences on each
+ * path (ptxas would otherwise serialize every wgmma); no wgmma is in
+ * flight at the end. */
+template <int D, int QT, int TMA, int FIRST>
+static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_cons &c, int n,
+                                               uint32_t &t, float o[D / 2], float m[2], float l[2],
+                                               uint32_t pk[KVA_WS_BN(D) / 8][2],
+                                               uint32_t pn[KVA_WS_BN(D) / 8][2]) {
+  constexpr int BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D), KVT = KVA_WS_KVTILE(D);
+  const uint32_t st = t % NS, par = (t / NS) & 1, bk = c.ring + st * 32;
+  const uint32_t sp = (t + NS - 1) % NS, bv = c.ring + sp * 32;
+  const int k0 = c.kb + n * BN;
+  /* Both warpgroups compute every tile of the item (see kva_ext_wg_kernel:
+   * no branch around the wgmma sequences) */
+  const int p_lo = c.p_first + 64 * c.cw, p_hi = min(p_lo + 63, c.p_last);
+  const int need_mask = (k0 + BN > c.kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
+                        (a.window_left >= 0 && k0 < p_hi - a.window_left);
+  const int last = n == c.ntiles - 1;
+  float s[BN / 2];
+  float alpha[2];
+  int rescale;
+  if (!FIRST) {
+    kva_mbar_wait(bk, par);                     /* K_n landed */
+    kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1); /* V_{n-1} landed */
+    if (!TMA) kva_fence_proxy_async_smem();     /* cp.async data (generic proxy) -> wgmma */
+    ws_turn_wait(c.cw);
+    wg_issue_s<QT, D, BN>(s, c.q_wg, c.s_k + st * KVT);
+    wg_issue_pv<QT, D, BN>(o, pk, c.s_v + sp * KVT);
+    ws_turn_pass(c.cw);
+    kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
+    wg_fence_acc<BN / 2>(s);
+    kva_mbar_arrive(bk + 8);             /* K stage free */
+    kva_mbar_arrive_if(c.q_empty, last); /* Q free after the item's last S */
+    rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w, c.kv_len,
+                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, c.lane);
+    wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
+    kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
+  } else {
+    kva_mbar_wait(bk, par);
+    if (!TMA) kva_fence_proxy_async_smem();
+    ws_turn_wait(c.cw);
+    wg_issue_s<QT, D, BN>(s, c.q_wg, c.s_k + st * KVT);
+    ws_turn_pass(c.cw);
+    kva_wgmma_wait<0>();
+    wg_fence_acc<BN / 2>(s);
+    kva_mbar_arrive(bk + 8);
+    kva_mbar_arrive_if(c.q_empty, last);
+    rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w, c.kv_len,
+                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, c.lane);
+    if (rescale) wg_rescale<D>(o, alpha);
+  }
+  t++;
+}
+
+/* The item's last P V (outside the pingpong), P in pk. */
+template <int D, int QT, int TMA>
+static __device__ __forceinline__ void ws_last_pv(const ws_cons &c, uint32_t t, float o[D / 2],
+                                                  uint32_t pk[KVA_WS_BN(D) / 8][2]) {
+  constexpr int BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D), KVT = KVA_WS_KVTILE(D);
+  const uint32_t sp = (t - 1) % NS, bv = c.ring + sp * 32;
+  kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);
+  if (!TMA) kva_fence_proxy_async_smem();
+  wg_issue_pv<QT, D, BN>(o, pk, c.s_v + sp * KVT);
+  kva_wgmma_wait<0>();
+  wg_fence_acc<D / 2>(o);
+  kva_mbar_arrive(bv + 24);
+}
+
 template <int D, int QT, int TMA>
 __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     kva_ext_ws_kernel(const __grid_constant__ kva_ext_args a,
@@ -408,69 +485,39 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     l[0] = l[1] = 0.f;
 
     if (ntiles == 0) kva_mbar_arrive(q_empty);
-    uint32_t pk[BN / 8][2]; /* P of the tile whose P V is still to be issued */
-    int have_p = 0;     /* ... whether there is one */
     /* the item's scalars, read once (smem) */
-    const int kb = wg_uni(it->kb), kv_len = wg_uni(it->kv_len);
-    const int p_first = wg_uni(it->p_first), p_last = wg_uni(it->p_last);
-    for (int n = 0; n < ntiles; n++) {
-      const uint32_t st = t % NS, par = (t / NS) & 1, bk = ring + st * 32;
-      const uint32_t sp = (t + NS - 1) % NS, bv = ring + sp * 32;
-      const int k0 = kb + n * BN;
-      /* Both warpgroups compute every tile of the item (see kva_ext_wg_kernel:
-       * no branch around the wgmma sequences) */
-      const int p_lo = p_first + 64 * cw, p_hi = min(p_lo + 63, p_last);
-      const int need_mask = (k0 + BN > kv_len) || (a.causal && k0 + BN - 1 > p_lo) ||
-                            (a.window_left >= 0 && k0 < p_hi - a.window_left);
-      const int last = n == ntiles - 1;
-      float s[BN / 2];
-      uint32_t pn[BN / 8][2];
-      float alpha[2];
-      int rescale;
-      /* Straight-line wgmma sequences on each path (ptxas would otherwise
-       * serialize every wgmma) */
-      if (have_p) {
-        kva_mbar_wait(bk, par);                         /* K_n landed */
-        kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);     /* V_{n-1} landed */
-        if (!TMA) kva_fence_proxy_async_smem(); /* cp.async data (generic proxy) -> wgmma */
-        ws_turn_wait(cw);
-        wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
-        wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
-        ws_turn_pass(cw);
-        kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
-        wg_fence_acc<BN / 2>(s);
-        kva_mbar_arrive(bk + 8);          /* K stage free */
-        kva_mbar_arrive_if(q_empty, last); /* Q free after the item's last S */
-        rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
-                                     a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
-        wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
-        rescale = 0;
-        kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
-      } else {
-        kva_mbar_wait(bk, par);
-        if (!TMA) kva_fence_proxy_async_smem();
-        ws_turn_wait(cw);
-        wg_issue_s<QT, D, BN>(s, q_wg, s_k + st * KVT);
-        ws_turn_pass(cw);
-        kva_wgmma_wait<0>();
-        wg_fence_acc<BN / 2>(s);
-        kva_mbar_arrive(bk + 8);
-        kva_mbar_arrive_if(q_empty, last);
-        rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, p_first + row_w, kv_len,
-                                     a.causal, a.window_left, a.qk_mul, a.cap_log2, lane);
+    ws_cons c;
+    c.q_wg = q_wg;
+    c.s_k = s_k;
+    c.s_v = s_v;
+    c.ring = ring;
+    c.q_empty = q_empty;
+    c.cw = cw;
+    c.lane = lane;
+    c.row_w = row_w;
+    c.kb = wg_uni(it->kb);
+    c.kv_len = wg_uni(it->kv_len);
+    c.p_first = wg_uni(it->p_first);
+    c.p_last = wg_uni(it->p_last);
+    c.ntiles = ntiles;
+    if (ntiles > 0) {
+      /* P of the tile whose P V is still to be issued alternates between
+       * pa and pb (two steps per loop turn): no register copy per tile
+       * (+3-10% at S = 8192-16384 on the H100). A copy after each step
+       * instead makes ptxas serialize every wgmma (C7513). */
+      uint32_t pa[BN / 8][2], pb[BN / 8][2];
+      ws_step<D, QT, TMA, 1>(a, c, 0, t, o, m, l, pb, pa);
+      int n = 1;
+      for (; n + 1 < ntiles; n += 2) {
+        ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
+        ws_step<D, QT, TMA, 0>(a, c, n + 1, t, o, m, l, pb, pa);
       }
-      wg_keep_p<D, BN>(o, alpha, rescale, pk, pn);
-      have_p = 1;
-      t++;
-    }
-    if (have_p) { /* the last P V (outside the pingpong) */
-      const uint32_t sp = (t - 1) % NS, bv = ring + sp * 32;
-      kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1);
-      if (!TMA) kva_fence_proxy_async_smem();
-      wg_issue_pv<QT, D, BN>(o, pk, s_v + sp * KVT);
-      kva_wgmma_wait<0>();
-      wg_fence_acc<D / 2>(o);
-      kva_mbar_arrive(bv + 24);
+      if (n < ntiles) {
+        ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
+        ws_last_pv<D, QT, TMA>(c, t, o, pb);
+      } else {
+        ws_last_pv<D, QT, TMA>(c, t, o, pa);
+      }
     }
 
     /* Epilogue: O and LSE straight from the accumulators (4-byte stores; a
