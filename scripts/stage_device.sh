@@ -4,7 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
-cmake --build build-cuda
+# ptxas's C7513 (wgmma serialized) costs ~25% of the prefill kernel's
+# speed and is only an info line: refuse to stage such a build
+log=$(mktemp)
+cmake --build build-cuda 2>&1 | tee "$log"
+if grep -q C7513 "$log"; then
+  grep C7513 "$log" | head -3
+  echo "stage_device.sh: ptxas serialized wgmma (C7513) in a kernel rebuilt above; not staged" >&2
+  rm -f "$log"
+  exit 1
+fi
+rm -f "$log"
 rm -rf .dist && mkdir -p .dist
 cp build-cuda/kvattn .dist/
 cp build-cuda/libkvattn.so .dist/ 2>/dev/null || true
