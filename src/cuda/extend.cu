@@ -146,17 +146,6 @@ kva_status kva_cuda_extend_plan(kva_plan *plan) {
   return KVA_OK;
 }
 
-/* Rows of a K/V TMA box for the ws kernel: a whole page when pages tile
- * the key tile (page size divides it), the key tile when it lies in one
- * page (divides the page size); 0 (cp.async gather) otherwise or for pages
- * of fewer than 8 keys, where a box per page would cost more than the
- * gather. */
-static int ext_tma_rows(int page_size, int key_tile) {
-  if (page_size < 8) return 0;
-  if (key_tile % page_size == 0) return page_size;
-  return page_size % key_tile == 0 ? key_tile : 0;
-}
-
 /* The ws kernel's tensor maps (see kva_ext_tma) for this layer and Q. */
 static kva_status ext_tma_maps(kva_ext_tma *tm, const kva_plan *plan, const kva_pool *pool,
                                int layer, const void *q, int rows, int warps) {
@@ -222,7 +211,7 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   if (ws) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
-    const int rows = ep->tma ? ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
+    const int rows = ep->tma ? kva_ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
     kva_ext_tma tm_buf;
     const kva_ext_tma *tm = NULL;
     /* a driver without tensor-map encoding leaves the cp.async gather */

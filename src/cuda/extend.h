@@ -89,6 +89,16 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
  * keys, one page or one key tile per box (see ext_tma_rows). Without: the
  * producer gathers rows with cp.async. grid_cache[4]: (f16, bf16) x
  * (cp.async, TMA). */
+/* Rows of a K/V TMA box for the ws kernel: a whole page when pages tile
+ * the key tile (page size divides it), the key tile when it lies in one
+ * page (divides the page size); 0 (cp.async gather) otherwise or for pages
+ * of fewer than 8 keys, where a box per page would cost more than the
+ * gather. */
+static inline int kva_ext_tma_rows(int page_size, int key_tile) {
+  if (page_size < 8) return 0;
+  if (key_tile % page_size == 0) return page_size;
+  return page_size % key_tile == 0 ? key_tile : 0;
+}
 typedef struct kva_ext_tma {
   CUtensorMap q, k, v;
   int rows;

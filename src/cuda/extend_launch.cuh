@@ -8,10 +8,11 @@
 
 /* Host launcher of an extend kernel (any of the three): opts into its
  * smem (optin: the kernel's table, see kva_cuda_smem_optin) and sizes the
- * persistent grid once (cached in *grid, ext_grid_size), then launches it
- * over at most max_items CTAs. */
+ * persistent grid once (cached in *grid), then launches it over at most
+ * max_items CTAs (*launch from ext_grid_size). */
 static inline kva_status ext_grid_size(const void *kernel, int *optin, int threads, int smem,
-                                const char *what, int head_dim, int num_sms, int *grid) {
+                                       const char *what, int head_dim, int num_sms,
+                                       int max_items, int *grid, int *launch) {
   if (*grid <= 0) {
     KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)kernel, smem, optin));
     int per_sm = 0;
@@ -24,17 +25,18 @@ static inline kva_status ext_grid_size(const void *kernel, int *optin, int threa
                            what, head_dim, smem);
     *grid = num_sms * per_sm;
   }
+  *launch = *grid < max_items ? *grid : max_items;
+  if (*launch < 1) *launch = 1;
   return KVA_OK;
 }
-static inline kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int *optin, int threads,
-                                        int smem, const char *what, int head_dim,
-                                        const kva_ext_args *a, int num_sms, int max_items,
-                                        int *grid, cudaStream_t stream) {
-  const kva_status st =
-      ext_grid_size((const void *)kernel, optin, threads, smem, what, head_dim, num_sms, grid);
+static inline kva_status ext_launch_persistent(void (*kernel)(kva_ext_args), int *optin,
+                                               int threads, int smem, const char *what,
+                                               int head_dim, const kva_ext_args *a, int num_sms,
+                                               int max_items, int *grid, cudaStream_t stream) {
+  int g = 1;
+  const kva_status st = ext_grid_size((const void *)kernel, optin, threads, smem, what, head_dim,
+                                      num_sms, max_items, grid, &g);
   if (st != KVA_OK) return st;
-  int g = *grid < max_items ? *grid : max_items;
-  if (g < 1) g = 1;
   kernel<<<g, threads, smem, stream>>>(*a);
   KVA_CUDA_LAUNCH_CHECK(what);
   return KVA_OK;

@@ -12,11 +12,12 @@ template <int D, int QT, int TMA>
 static kva_status ws_launch(const kva_ext_args *a, const kva_ext_tma *tm, int num_sms,
                             int max_items, int *grid, cudaStream_t stream) {
   static int optin[KVA_CUDA_OPTIN_DEVICES]; /* per instantiation */
+  int g = 1;
   const kva_status st =
       ext_grid_size((const void *)kva_ext_ws_kernel<D, QT, TMA>, optin, KVA_WS_THREADS,
-                    KVA_WS_SMEM(D), "warp-specialized extend kernel", D, num_sms, grid);
+                    KVA_WS_SMEM(D), "warp-specialized extend kernel", D, num_sms, max_items, grid,
+                    &g);
   if (st != KVA_OK) return st;
-  const int g = *grid < max_items ? *grid : max_items > 0 ? max_items : 1;
   kva_ext_ws_kernel<D, QT, TMA><<<g, KVA_WS_THREADS, KVA_WS_SMEM(D), stream>>>(*a, *tm);
   KVA_CUDA_LAUNCH_CHECK("warp-specialized extend kernel");
   return KVA_OK;

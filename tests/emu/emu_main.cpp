@@ -28,12 +28,8 @@ struct Case {
 static int run_case(const Case &c, int idx) {
   const int D = c.D;
   const int use_wg = c.wg >= 2 && !c.kv8 ? 2 : c.wg == 1 && D == 128 && !c.kv8 ? 1 : 0;
-  /* TMA box rows as extend.cu's ext_tma_rows picks them (0: cp.async) */
-  const int bn_ws = KVA_WS_BN(D);
-  const int tma_rows = c.wg != 3 || c.kv8 || c.ps < 8 ? 0
-                       : bn_ws % c.ps == 0       ? c.ps
-                       : c.ps % bn_ws == 0       ? bn_ws
-                                                 : 0;
+  /* TMA box rows as the launcher picks them (0: cp.async) */
+  const int tma_rows = c.wg != 3 || c.kv8 ? 0 : kva_ext_tma_rows(c.ps, KVA_WS_BN(D));
   const int bm = use_wg == 2 ? KVA_WS_BM : KVA_EXT_BM(D); /* the plan's tile rows */
   const EmuLayout l = emu_layout(c.cached, c.nnew, c.ps);
   const int B = l.B, total_q = l.total_q;
