@@ -213,6 +213,10 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
  * pair's first warp (rows past kv_len zero-filled, so masked P V stays
  * finite whatever the page holds there), waited for and fenced to the
  * async proxy, then arrived on; the second warp only arrives. */
+/* Warps loading one ring (K or V) under TMA: two with four producer warps,
+ * else one; each arrives once per stage phase. */
+static __device__ __forceinline__ int ws_tma_ring_warps(int warps) { return warps == 4 ? 2 : 1; }
+
 template <int D>
 static __device__ __forceinline__ void ws_tma_tile(uint32_t dst, const CUtensorMap *map, int hk,
                                                    int slot, int nbox, int rows, int sub, int nsub,
@@ -255,6 +259,25 @@ static __device__ __forceinline__ int ws_box_slot(const kva_ext_args *ap, const 
              : 0;
 }
 
+/* One warp's part of filling a ring stage (full barrier at bar, empty at
+ * bar + 8) with the key tile at k0: TMA boxes, or for a tile past kv_len
+ * the cp.async gather by the pair's first warp while the second only
+ * arrives. */
+template <int D>
+static __device__ __forceinline__ void ws_fill_stage(uint32_t dst, uint32_t bar, uint32_t par,
+                                                     const CUtensorMap *map, const unsigned char *g,
+                                                     const kva_ext_args *ap, const ext_item &x,
+                                                     int k0, int full, int hk, int slot, int nbox,
+                                                     int rows, int sub, int nsub, int lane) {
+  kva_mbar_wait(bar + 8, par ^ 1u);
+  if (full)
+    ws_tma_tile<D>(dst, map, hk, slot, nbox, rows, sub, nsub, bar, lane);
+  else if (sub == 0)
+    ws_copy_tile_warp<D>(dst, ap, x, k0, g, bar, lane);
+  else if (lane == 0)
+    kva_mbar_arrive(bar);
+}
+
 template <int D>
 static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, const kva_ext_tma *tm,
                                                     uint32_t s_q, uint32_t s_k, uint32_t s_v,
@@ -264,7 +287,8 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
   constexpr int KVT = KVA_WS_KVTILE(D);
   const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
   const int rows = tm->rows, nbox = BN / rows, nw = tm->warps;
-  const int nsub = nw == 4 ? 2 : 1, sub = nw == 4 ? w & 1 : 0; /* this warp's share of a tile */
+  /* this warp's share of a tile: sub of nsub */
+  const int nsub = ws_tma_ring_warps(nw), sub = nsub == 2 ? w & 1 : 0;
   const int do_k = nw == 4 ? w < 2 : w == 0, do_v = nw == 1 || (nw == 2 ? w == 1 : w >= 2);
   if (lane == 0) {
     if (do_k) kva_tma_prefetch_map(&tm->q), kva_tma_prefetch_map(&tm->k);
@@ -307,24 +331,12 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
       const uint32_t bk = ring + st * 32; /* k_full, k_empty, v_full, v_empty */
       const int k0 = x.kb + n * BN;
       const int full = k0 + BN <= x.kv_len;
-      if (do_k) {
-        kva_mbar_wait(bk + 8, par ^ 1u);
-        if (full)
-          ws_tma_tile<D>(s_k + st * KVT, &tm->k, hk, slot, nbox, rows, sub, nsub, bk, lane);
-        else if (sub == 0)
-          ws_copy_tile_warp<D>(s_k + st * KVT, ap, x, k0, x.kg, bk, lane);
-        else if (lane == 0)
-          kva_mbar_arrive(bk);
-      }
-      if (do_v) {
-        kva_mbar_wait(bk + 24, par ^ 1u);
-        if (full)
-          ws_tma_tile<D>(s_v + st * KVT, &tm->v, hk, slot, nbox, rows, sub, nsub, bk + 16, lane);
-        else if (sub == 0)
-          ws_copy_tile_warp<D>(s_v + st * KVT, ap, x, k0, x.vg, bk + 16, lane);
-        else if (lane == 0)
-          kva_mbar_arrive(bk + 16);
-      }
+      if (do_k)
+        ws_fill_stage<D>(s_k + st * KVT, bk, par, &tm->k, x.kg, ap, x, k0, full, hk, slot, nbox,
+                         rows, sub, nsub, lane);
+      if (do_v)
+        ws_fill_stage<D>(s_v + st * KVT, bk + 16, par, &tm->v, x.vg, ap, x, k0, full, hk, slot,
+                         nbox, rows, sub, nsub, lane);
       t++;
       /* the next tile's slots now: their page-table loads overlap the waits */
       if (n + 1 < x.ntiles) slot = ws_box_slot(ap, x, k0 + BN, rows, nbox, lane);
@@ -443,7 +455,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     /* full barriers: the cp.async producer's 128 threads (Q: + the item's
      * writer), or under TMA one arrival (with its transaction bytes) per
      * warp loading the ring */
-    const int kv_arrivals = TMA ? (tm.warps == 4 ? 2 : 1) : 128;
+    const int kv_arrivals = TMA ? ws_tma_ring_warps(tm.warps) : 128;
     kva_mbar_init(q_full, TMA ? 1 : 128 + 1);
     kva_mbar_init(q_empty, 256);
     for (int s = 0; s < NS; s++) {
