@@ -3,6 +3,8 @@
 # boxes, 0: cp.async gather) on the prefill rows, interleaved in one
 # call, then torch's cuDNN SDPA on the same shapes (dense, unpaged):
 #   [AB_SHAPES=quick|full] bash scripts/ab_prefill.sh [repeats]
+# With KVA_AB_BINS="name:path ..." it compares binaries instead (each at its
+# default load path), e.g. KVA_AB_BINS="head:.dist/kvattn_head new:.dist/kvattn".
 set -uo pipefail
 K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
 rows() {
@@ -21,6 +23,14 @@ rows() {
 }
 for rep in $(seq "$n"); do
   rows | while read -r cfg; do
+    if [ -n "${KVA_AB_BINS:-}" ]; then
+      for nb in $KVA_AB_BINS; do
+        # shellcheck disable=SC2086
+        "${nb#*:}" bench --device cuda --mode prefill --page ${AB_PAGE:-16} --dtype bf16 \
+          --kv-dtype bf16 --json $cfg 2>/dev/null | sed "s|^{|{\"kernel\":\"${nb%%:*}\",|"
+      done
+      continue
+    fi
     for v in ${KVA_AB:-1 2 0}; do
       # shellcheck disable=SC2086
       KVA_EXTEND_TMA=$v "$K" bench --device cuda --mode prefill --page ${AB_PAGE:-16} --dtype bf16 \

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Build the CUDA configuration here and stage the binaries the device needs in
 # .dist/ (git-ignored), to be named in the device tool's `carry`.
+#   bash scripts/stage_device.sh [trace]
+# trace: also a CLI built with -DKVA_EXT_TRACE (build-trace/) as
+# .dist/kvattn_trace, for scripts/trace_prefill.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
@@ -19,4 +22,10 @@ rm -rf .dist && mkdir -p .dist
 cp build-cuda/kvattn .dist/
 cp build-cuda/libkvattn.so .dist/ 2>/dev/null || true
 for f in build-cuda/test_cuda_* build-cuda/test_graph build-cuda/test_paged_plan build-cuda/test_mla build-cuda/example_*; do [ -x "$f" ] && cp "$f" .dist/; done
+if [ "${1:-}" = trace ]; then
+  cmake -S . -B build-trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
+    -DCMAKE_CUDA_FLAGS=-DKVA_EXT_TRACE >/dev/null
+  cmake --build build-trace --target kvattn_cli >/dev/null
+  cp build-trace/kvattn .dist/kvattn_trace
+fi
 du -sh .dist

@@ -175,8 +175,9 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
   res->iters = iters;
   res->reps = reps;
   free(times);
-  /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline */
-  if (o->dev == KVA_DEVICE_CUDA && !o->prefill && !o->mixed)
+  /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline, or the
+   * prefill ws kernel's phase sums in a KVA_EXT_TRACE build */
+  if (o->dev == KVA_DEVICE_CUDA)
     return bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, reps);
   return 0;
 }

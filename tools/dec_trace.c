@@ -52,8 +52,10 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
   }
   /* launch 0 = the one before the last, 1 = the last */
   const unsigned last = (kva_trace_launches - 1) & 1u;
+  /* prefill (ws kernel, KVA_EXT_TRACE build): the words of extend_ws.cuh */
   fprintf(f, "# launch cta t_entry t_wait t_tile0 t_loop_end t_partial t_counted t_fenced "
-             "t_merged t_end smid chunks merges (workers %d, launches %u)\n",
+             "t_merged t_end smid chunks merges (workers %d, launches %u; prefill: see "
+             "extend_ws.cuh)\n",
           info.num_workers, kva_trace_launches);
   for (int l = 0; l < 2; l++) {
     const unsigned half = l == 1 ? last : last ^ 1u;
@@ -66,7 +68,7 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
     }
   }
   fclose(f);
-  fprintf(stderr, "kvattn bench: decode timeline of the last 2 of %u launches -> %s\n",
+  fprintf(stderr, "kvattn bench: kernel timeline of the last 2 of %u launches -> %s\n",
           kva_trace_launches, path);
   rc = 0;
 done:

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cuda/extend.h"
+#include "cuda/trace.h"
 
 /* Device block: [0] = number of tiles, [1..3] padding, then int2 tiles. */
 #define EXT_HDR_INTS 4
@@ -157,7 +158,7 @@ static kva_status ext_tma_maps(kva_ext_tma *tm, const kva_plan *plan, const kva_
   tm->warps = warps;
   const uint64_t qdims[3] = {d, hq, (uint64_t)plan->hdr.total_q};
   const uint64_t qstr[2] = {d * 2, hq * d * 2};
-  const uint32_t qbox[3] = {64, 1, KVA_WS_TILE_ROWS};
+  const uint32_t qbox[3] = {64, 1, KVA_WS_QBOX_ROWS};
   kva_status st = kva_tma_encode_16bit_3d(&tm->q, q, qdims, qstr, qbox);
   const uint64_t kdims[3] = {d, hkv, (uint64_t)pc->num_pages * (uint64_t)pc->page_size};
   const uint64_t kstr[2] = {d * 2, hkv * d * 2};
@@ -211,6 +212,7 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   if (ws) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
+    a.trace = kva_trace_next(cs->num_sms); /* stamped only by a KVA_EXT_TRACE build */
     const int rows = ep->tma ? kva_ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
     kva_ext_tma tm_buf;
     const kva_ext_tma *tm = NULL;

@@ -51,6 +51,7 @@ typedef struct kva_ext_args {
   float cap_log2; /* cap * log2(e), 0 = no soft-cap */
   float o_mul;    /* v_scale for fp8 pools, else 1 */
   int causal, window_left;
+  unsigned long long *trace; /* ws kernel built with KVA_EXT_TRACE: per-CTA sums (cuda/trace.h) */
 } kva_ext_args;
 
 /* Tile schedule (extend_sched.c): tiles[2i], tiles[2i+1] = (batch index of
@@ -81,6 +82,8 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
  * head dim (the plan's schedule; mma.sync's is 64 at d=256).
  * grid_cache[2]: (f16, bf16). */
 #define KVA_WS_TILE_ROWS 128
+/* Q is loaded (and released) in halves, one per consumer warpgroup */
+#define KVA_WS_QBOX_ROWS (KVA_WS_TILE_ROWS / 2)
 #define KVA_WS_BN(d) ((d) == 256 ? 64 : 128) /* keys per tile */
 #define KVA_WS_TMA_WARPS 4 /* default producer warps of the TMA loads (1, 2 or 4: see kva_ext_tma) */
 /* The ws kernel's TMA loads (tm != NULL): Q as [total_q][hq][D] and the

@@ -22,7 +22,7 @@
  *    64 query rows each: S = Q K^T and O += P V on wgmma, softmax on the
  *    accumulators. Every consumer thread arrives on a stage's K empty barrier
  *    once its S wgmma completed, on V's once its P V completed, on Q's once
- *    the item's last S completed (counts 256).
+ *    the item's last S completed (counts 256; Q's: 128 per half).
  * Each ring slot's phase follows a tile counter shared by the producer and
  * the consumers (stage = t % STAGES, parity = (t / STAGES) & 1); Q's follows
  * the round. Nothing in the main loop is a CTA-wide barrier.
@@ -34,16 +34,24 @@
  * one warpgroup's softmax runs while the tensor cores do the other's GEMMs.
  *
  * Item handoff: the producer takes each round's item from a counter
- * (head-major order, see ws_producer) and publishes its scalars in one of
- * two smem slots together with the Q tile
- * (Q's full barrier); it issues K/V tile 0 of an item before waiting for
- * the previous item's Q to be released, so item boundaries keep the ring
- * busy. O and LSE are stored straight from the accumulators (no smem), so
- * the epilogue cannot race with the producer's loads. */
+ * (head-major order, see ws_producer), prefetches its Q rows into L2, and
+ * publishes its scalars in smem slot round % 3 together with the Q tile;
+ * it issues K/V tile 0 of an item before waiting for the previous item's Q
+ * to be released, so item boundaries keep the ring busy. Q is loaded and
+ * released in halves (rows 64 w.. of consumer warpgroup w, each with its
+ * own full / empty barrier), so the first warpgroup's next Q does not wait
+ * for the second's last S. The slot of round r is written as soon as the
+ * producer has the item: it waited for both halves of round r - 2's Q to
+ * be released, so both consumers are past their epilogue of round r - 3,
+ * the slot's previous user: three slots. O and LSE are stored
+ * straight from the accumulators (no smem), so the epilogue cannot race
+ * with the producer's loads. (Measured on the H100 before the halves and
+ * the prefetch: consumers waited 1.4-2.9 us per item for Q.) */
 #ifndef KVA_CUDA_EXTEND_WS_CUH
 #define KVA_CUDA_EXTEND_WS_CUH
 
 #include "cuda/extend_wgmma.cuh"
+#include "cuda/trace.h"
 
 #define KVA_WS_THREADS 384
 #define KVA_WS_BM KVA_WS_TILE_ROWS /* query rows of an item (the plan's tile rows) */
@@ -51,20 +59,40 @@
 #define KVA_WS_STAGES(d) ((d) == 64 ? 5 : (d) == 128 ? 3 : 2)
 #define KVA_WS_PROD_REGS 40  /* 128 x (40 + 2 x 232) = 64512 <= 64K registers */
 #define KVA_WS_CONS_REGS 232 /* launch: 65536 / 384 -> 168 per thread */
-/* barriers: q_full, q_empty, then per stage k_full, k_empty, v_full, v_empty */
-#define KVA_WS_NBAR(d) (2 + 4 * KVA_WS_STAGES(d))
+/* barriers: q_full and q_empty of each Q half (consumer warpgroup), then per
+ * stage k_full, k_empty, v_full, v_empty */
+#define KVA_WS_NBAR(d) (4 + 4 * KVA_WS_STAGES(d))
+#define KVA_WS_RING_OFF 32 /* byte offset of the stage barriers */
 #define KVA_WS_BAR_BYTES(d) (((KVA_WS_NBAR(d) * 8) + 127) / 128 * 128)
 #define KVA_WS_QTILE(d) (KVA_WS_BM * (d)*2)          /* bytes of the Q tile */
 #define KVA_WS_KVTILE(d) (KVA_WS_BN(d) * (d)*2)      /* ... of a K or V tile */
-/* 1 KB alignment slack, Q, K ring, V ring, barriers, two items' scalars and
+/* 1 KB alignment slack, Q, K ring, V ring, barriers, three items' scalars and
  * the producer's two item indices (d=128: 230784 B, 64: 181760, 256: 198016) */
 #define KVA_WS_SMEM(d)                                                                 \
   (1024 + KVA_WS_QTILE(d) + 2 * KVA_WS_STAGES(d) * KVA_WS_KVTILE(d) + KVA_WS_BAR_BYTES(d) + \
    KVA_EXT_ITEM_BYTES)
-static_assert(2 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "item slots");
+static_assert(3 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "item slots");
 #define KVA_WS_BAR_WG0 1 /* named barriers of the pingpong token */
 #define KVA_WS_BAR_WG1 2
 #define KVA_WS_BAR_PROD 3 /* the producer warpgroup's item broadcast */
+
+/* Diagnostics (a build with -DKVA_EXT_TRACE; `KVA_DEC_TRACE=FILE kvattn
+ * bench --mode prefill`, scripts/ext_trace.py): consumer 0's first thread
+ * sums SM cycles per phase in smem and writes them to a.trace at exit:
+ * words 0 entry / 6 exit (%globaltimer), 1 Q wait, 2 first key tile, 3 the
+ * other tiles, 4 last P V, 5 epilogue, 7 items, 8 key tiles, 9 cycles from
+ * entry to exit, 10 K/V waits inside the tiles, 11 pingpong token waits. */
+#ifdef KVA_EXT_TRACE
+static __shared__ unsigned ws_tr_acc[12];
+#define WS_CLK(v) const unsigned v = (unsigned)clock64()
+#define WS_ACC(w, d)                                  \
+  do {                                                \
+    if (threadIdx.x == 128) ws_tr_acc[w] += (d);      \
+  } while (0)
+#else
+#define WS_CLK(v)
+#define WS_ACC(w, d)
+#endif
 
 /* Byte offset of 16-byte chunk c (0 .. D / 8 - 1) of row `row` in a tile
  * of R rows (column blocks of [R][128 B], chunks swizzled by row % 8);
@@ -125,14 +153,15 @@ static __device__ __forceinline__ void ws_issue_tile(uint32_t dst, int pre, cons
   }
 }
 
+/* Rows 64 hf .. 64 hf + 63 of an item's Q tile (consumer warpgroup hf's). */
 template <int D>
 static __device__ __forceinline__ void ws_issue_q(const kva_ext_args *a, uint32_t s_q, int q_row0,
-                                                  int n_valid, int h, int p) {
-  constexpr int CSH = KVA_WS_CSH(D), RPI = 128 >> CSH;
+                                                  int n_valid, int h, int hf, int p) {
+  constexpr int CSH = KVA_WS_CSH(D), RPI = 128 >> CSH, HI = KVA_WS_QBOX_ROWS / RPI;
   const unsigned char *qg = (const unsigned char *)a->q;
   const int c = p & ((1 << CSH) - 1);
 #pragma unroll 1
-  for (int i = 0; i < KVA_WS_BM / RPI; i++) {
+  for (int i = hf * HI; i < hf * HI + HI; i++) {
     const int row = (p >> CSH) + RPI * i;
     const int ok = row < n_valid;
     const unsigned char *src =
@@ -149,9 +178,9 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
   constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
   constexpr int KVT = KVA_WS_KVTILE(D);
   const int my_row = ws_my_row<D>(p);
-  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
   uint32_t t = 0; /* key tiles issued so far (ring position) */
-  volatile int *const idx = (volatile int *)(its + 2); /* [2]: this round's item index */
+  volatile int *const idx = (volatile int *)(its + 3); /* [2]: this round's item index */
   for (int round = 0;; round++) {
     /* Items are handed out by a counter, head-major, heaviest tile first
      * within a head: the CTAs at work share few heads' KV in L2, and the
@@ -161,7 +190,16 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
     if (p == 0) idx[round & 1] = atomicAdd(ap->item_counter, 1);
     kva_bar_sync(KVA_WS_BAR_PROD, 128);
     const ext_item x = ext_item_at<D, 0, BM, BN, 1>(ap, idx[round & 1]);
+    if (p == 0) ext_item_store(&its[round % 3], x); /* free: see the top of this file */
     const int slot_elems = ap->hkv * D;
+    /* the item's Q into L2 now, a few key tiles before the previous item
+     * releases the Q buffer (row p; its lines) */
+    if (x.valid && p < x.n_valid) {
+      const unsigned char *qr =
+          (const unsigned char *)ap->q + ((int64_t)(x.q_row0 + p) * ap->hq + x.h) * D * 2;
+#pragma unroll
+      for (int i = 0; i < D * 2 / 128; i++) kva_prefetch_l2(qr + 128 * i);
+    }
     int pre = x.ntiles > 0 ? ext_slot(x.pt, x.kb + my_row, x.kv_len, ap->page_size, ap->ps_mul,
                                       ap->ps_shift)
                            : -1;
@@ -169,15 +207,14 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
 #pragma unroll 1
     for (int n = 0; n < x.ntiles + 1; n++) {
       if (n == 1 || (n == 0 && x.ntiles == 0)) {
-        /* Q and the item's scalars: the previous round's consumers released
-         * Q (and so are done with the item slot of round - 2) */
-        kva_mbar_wait(q_empty, (uint32_t)(round & 1) ^ 1u);
-        if (p == 0) {
-          ext_item_store(&its[round & 1], x);
+        /* Q, each half once its consumer warpgroup released it */
+#pragma unroll 1
+        for (int hf = 0; hf < 2; hf++) {
+          kva_mbar_wait(s_bar + 16 * hf + 8, (uint32_t)(round & 1) ^ 1u);
+          if (x.valid) ws_issue_q<D>(ap, s_q, x.q_row0, x.n_valid, x.h, hf, p);
+          kva_cp_async_mbar_arrive_noinc(s_bar + 16 * hf);
+          if (p == 0) kva_mbar_arrive(s_bar + 16 * hf); /* publishes the item (release) */
         }
-        if (x.valid) ws_issue_q<D>(ap, s_q, x.q_row0, x.n_valid, x.h, p);
-        kva_cp_async_mbar_arrive_noinc(q_full);
-        if (p == 0) kva_mbar_arrive(q_full); /* publishes the item (release) */
         if (x.ntiles == 0) break;
       }
       if (n == x.ntiles) break;
@@ -285,7 +322,7 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
                                                     int w, int lane) {
   constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
   constexpr int KVT = KVA_WS_KVTILE(D);
-  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
   const int rows = tm->rows, nbox = BN / rows, nw = tm->warps;
   /* this warp's share of a tile: sub of nsub */
   const int nsub = ws_tma_ring_warps(nw), sub = nsub == 2 ? w & 1 : 0;
@@ -294,7 +331,7 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
     if (do_k) kva_tma_prefetch_map(&tm->q), kva_tma_prefetch_map(&tm->k);
     if (do_v) kva_tma_prefetch_map(&tm->v);
   }
-  volatile int *const idx = (volatile int *)(its + 2); /* [2]: this round's item index */
+  volatile int *const idx = (volatile int *)(its + 3); /* [2]: this round's item index */
   uint32_t t = 0; /* key tiles issued so far (ring position) */
   for (int round = 0;; round++) {
     /* the cp.async producer's item order and index handoff (see ws_producer) */
@@ -302,27 +339,34 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
     kva_bar_sync(KVA_WS_BAR_PROD, 32 * nw);
     const int item = idx[round & 1];
     const ext_item x = ext_item_at<D, 0, BM, BN, 1>(ap, item);
+    if (w == 0 && lane == 0) ext_item_store(&its[round % 3], x); /* free: see the top of this file */
     const int hk = x.h / ap->group;
+    /* the item's Q into L2 now, a few key tiles before the previous item
+     * releases the Q buffer: lane i a 64-column block of one half */
+    if (w == 0 && x.valid && lane < 2 * (D / 64))
+      kva_tma_prefetch_l2_3d(&tm->q, (lane >> 1) * 64, x.h, x.q_row0 + (lane & 1) * KVA_WS_QBOX_ROWS);
     /* this lane's box slot of the tile to issue next */
     int slot = x.ntiles > 0 ? ws_box_slot(ap, x, x.kb, rows, nbox, lane) : 0;
 #pragma unroll 1
     for (int n = 0; n < x.ntiles + 1; n++) {
       if (w == 0 && (n == 1 || (n == 0 && x.ntiles == 0))) {
-        /* Q and the item's scalars, once the previous round released Q
-         * (K tile 0 of the item is already on its way) */
-        kva_mbar_wait(q_empty, (uint32_t)(round & 1) ^ 1u);
-        if (lane == 0) {
-          /* the item again (cached loads): its scalars the key loop does
-           * not use stay out of the producer's 40 registers */
-          const ext_item xq = ext_item_at<D, 0, BM, BN, 1>(ap, item);
-          ext_item_store(&its[round & 1], xq);
-          if (xq.valid) { /* the arrival publishes the item (release) */
-            kva_mbar_arrive_expect_tx(q_full, (uint32_t)(BM * D * 2));
+        /* Q, each half once its consumer warpgroup released it (K tile 0
+         * of the item is already on its way) */
+#pragma unroll 1
+        for (int hf = 0; hf < 2; hf++) {
+          const uint32_t q_full = s_bar + 16 * hf;
+          kva_mbar_wait(q_full + 8, (uint32_t)(round & 1) ^ 1u);
+          if (lane == 0) {
+            if (x.valid) { /* the arrival publishes the item (release) */
+              constexpr int QH = KVA_WS_QBOX_ROWS;
+              kva_mbar_arrive_expect_tx(q_full, (uint32_t)(QH * D * 2));
 #pragma unroll
-            for (int cb = 0; cb < D / 64; cb++)
-              kva_tma_load_3d(s_q + cb * (BM * 128), &tm->q, cb * 64, xq.h, xq.q_row0, q_full);
-          } else {
-            kva_mbar_arrive(q_full);
+              for (int cb = 0; cb < D / 64; cb++)
+                kva_tma_load_3d(s_q + cb * (BM * 128) + hf * (QH * 128), &tm->q, cb * 64, x.h,
+                                x.q_row0 + hf * QH, q_full);
+            } else {
+              kva_mbar_arrive(q_full);
+            }
           }
         }
       }
@@ -385,10 +429,15 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
   float alpha[2];
   int rescale;
   if (!FIRST) {
+    WS_CLK(tw0);
     kva_mbar_wait(bk, par);                     /* K_n landed */
     kva_mbar_wait(bv + 16, ((t - 1) / NS) & 1); /* V_{n-1} landed */
+    WS_CLK(tw1);
+    WS_ACC(10, tw1 - tw0);
     if (!TMA) kva_fence_proxy_async_smem();     /* cp.async data (generic proxy) -> wgmma */
     ws_turn_wait(c.cw);
+    WS_CLK(tw2);
+    WS_ACC(11, tw2 - tw1);
     wg_issue_s<QT, D, BN>(s, c.q_wg, c.s_k + st * KVT);
     wg_issue_pv<QT, D, BN>(o, pk, c.s_v + sp * KVT);
     ws_turn_pass(c.cw);
@@ -448,7 +497,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const uint32_t s_bar = s_v + NS * KVT;
   volatile ext_item *const its =
       (volatile ext_item *)(p_base + QTL + 2 * NS * KVT + KVA_WS_BAR_BYTES(D));
-  const uint32_t q_full = s_bar, q_empty = s_bar + 8, ring = s_bar + 16;
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -456,8 +505,10 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
      * writer), or under TMA one arrival (with its transaction bytes) per
      * warp loading the ring */
     const int kv_arrivals = TMA ? ws_tma_ring_warps(tm.warps) : 128;
-    kva_mbar_init(q_full, TMA ? 1 : 128 + 1);
-    kva_mbar_init(q_empty, 256);
+    for (int hf = 0; hf < 2; hf++) {
+      kva_mbar_init(s_bar + 16 * hf, TMA ? 1 : 128 + 1); /* q_full */
+      kva_mbar_init(s_bar + 16 * hf + 8, 128);          /* q_empty: its warpgroup */
+    }
     for (int s = 0; s < NS; s++) {
       kva_mbar_init(ring + 32 * s, kv_arrivals);        /* k_full */
       kva_mbar_init(ring + 32 * s + 8, 256);            /* k_empty */
@@ -481,12 +532,22 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int lane = tid & 31, cw = wg - 1; /* consumer warpgroup 0 or 1 */
   const int row_w = 16 * ((tid >> 5) - 4); /* first tile row of the warp */
   const uint32_t q_wg = s_q + 64 * cw * 128; /* its 64 rows in every column block */
+  const uint32_t q_full = s_bar + 16 * cw, q_empty = q_full + 8; /* its Q half's barriers */
   if (cw == 1) ws_turn_pass(1); /* consumer 0 issues first */
+#ifdef KVA_EXT_TRACE
+  const unsigned long long tr_entry = kva_globaltimer();
+  WS_CLK(tr_c0);
+  if (tid == 128)
+    for (int i = 0; i < 12; i++) ws_tr_acc[i] = 0;
+#endif
 
   uint32_t t = 0; /* key tiles consumed so far (ring position) */
   for (int round = 0;; round++) {
-    volatile ext_item *const it = &its[round & 1];
+    volatile ext_item *const it = &its[round % 3];
+    WS_CLK(tq0);
     kva_mbar_wait(q_full, (uint32_t)round & 1u); /* Q landed, *it written */
+    WS_CLK(tq1);
+    WS_ACC(1, tq1 - tq0);
     if (!wg_uni(it->valid)) break;
     const int ntiles = wg_uni(it->ntiles);
 
@@ -519,6 +580,8 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
        * instead makes ptxas serialize every wgmma (C7513). */
       uint32_t pa[BN / 8][2], pb[BN / 8][2];
       ws_step<D, QT, TMA, 1>(a, c, 0, t, o, m, l, pb, pa);
+      WS_CLK(tf1);
+      WS_ACC(2, tf1 - tq1);
       int n = 1;
       for (; n + 1 < ntiles; n += 2) {
         ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
@@ -526,16 +589,27 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       }
       if (n < ntiles) {
         ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
+        WS_CLK(tl0);
+        WS_ACC(3, tl0 - tf1);
         ws_last_pv<D, QT, TMA>(c, t, o, pb);
+        WS_CLK(tl1);
+        WS_ACC(4, tl1 - tl0);
       } else {
+        WS_CLK(tl0);
+        WS_ACC(3, tl0 - tf1);
         ws_last_pv<D, QT, TMA>(c, t, o, pa);
+        WS_CLK(tl1);
+        WS_ACC(4, tl1 - tl0);
       }
     }
+    WS_CLK(te0);
 
-    /* Epilogue: O and LSE straight from the accumulators (4-byte stores; a
-     * lane quad writes 16 contiguous bytes of a row). */
+    /* Epilogue: O and LSE straight from the accumulators. A lane quad holds
+     * a row; two shuffle rounds within the quad turn its 4-byte pieces into
+     * 16-byte ones, so a row's stores fill whole 32-byte sectors (a quarter
+     * of the store instructions of 4-byte stores). */
     const int q_row0 = wg_uni(it->q_row0), n_valid = wg_uni(it->n_valid), qh = wg_uni(it->h);
-    const int hq = a.hq;
+    const int hq = a.hq, q4 = lane & 3;
     unsigned char *og = (unsigned char *)a.o;
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -544,18 +618,50 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const float inv = sum > 0.f ? a.o_mul / sum : 0.f;
       const int row = row_w + (lane >> 2) + hf * 8;
-      if (row < n_valid) {
-        if (a.lse != NULL && (lane & 3) == 0)
-          a.lse[(int64_t)(q_row0 + row) * hq + qh] =
-              sum > 0.f ? (m[hf] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
-        unsigned char *orow = og + (((int64_t)(q_row0 + row) * hq + qh) * D) * 2 + (lane & 3) * 4;
+      /* word j: columns 8 j + 2 q4, + 1. Round 1 (lanes q4, q4 ^ 1): a lane
+       * gets 4 columns of 16-column block k: 16 k + 4 ((q4 & 1) 2 + q4 / 2) */
+      uint2 u[D / 16];
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-          *(uint32_t *)(orow + j * 16) =
-              ext_pack<QT>(o[4 * j + 2 * hf] * inv, o[4 * j + 2 * hf + 1] * inv);
+      for (int k = 0; k < D / 16; k++) {
+        const uint32_t w0 = ext_pack<QT>(o[8 * k + 2 * hf] * inv, o[8 * k + 2 * hf + 1] * inv);
+        const uint32_t w1 =
+            ext_pack<QT>(o[8 * k + 4 + 2 * hf] * inv, o[8 * k + 4 + 2 * hf + 1] * inv);
+        const uint32_t r = (uint32_t)__shfl_xor_sync(0xffffffffu, (int)(q4 & 1 ? w0 : w1), 1);
+        u[k] = q4 & 1 ? make_uint2(r, w1) : make_uint2(w0, r);
       }
+      /* Round 2 (lanes q4, q4 ^ 2): 8 columns of 32-column block mb, at
+       * 32 mb + 8 (q4 & 1) + 16 (q4 / 2) */
+      unsigned char *orow = og + (((int64_t)(q_row0 + row) * hq + qh) * D) * 2 +
+                            (8 * (q4 & 1) + 16 * (q4 >> 1)) * 2;
+#pragma unroll
+      for (int mb = 0; mb < D / 32; mb++) {
+        const uint2 snd = q4 >> 1 ? u[2 * mb] : u[2 * mb + 1];
+        uint2 r;
+        r.x = (uint32_t)__shfl_xor_sync(0xffffffffu, (int)snd.x, 2);
+        r.y = (uint32_t)__shfl_xor_sync(0xffffffffu, (int)snd.y, 2);
+        const uint4 v = q4 >> 1 ? make_uint4(r.x, r.y, u[2 * mb + 1].x, u[2 * mb + 1].y)
+                                : make_uint4(u[2 * mb].x, u[2 * mb].y, r.x, r.y);
+        if (row < n_valid) *(uint4 *)(orow + mb * 64) = v;
+      }
+      if (row < n_valid && a.lse != NULL && q4 == 0)
+        a.lse[(int64_t)(q_row0 + row) * hq + qh] =
+            sum > 0.f ? (m[hf] + __log2f(sum)) * 0.69314718055994531f : -INFINITY;
     }
+    WS_CLK(te1);
+    WS_ACC(5, te1 - te0);
+    WS_ACC(7, 1);
+    WS_ACC(8, ntiles);
   }
+#ifdef KVA_EXT_TRACE
+  if (tid == 128 && a.trace) {
+    unsigned long long *w = a.trace + (size_t)blockIdx.x * KVA_TRACE_WORDS;
+    for (int i = 1; i < 12; i++) w[i] = ws_tr_acc[i];
+    w[0] = tr_entry;
+    w[6] = kva_globaltimer();
+    WS_CLK(tr_c1);
+    w[9] = tr_c1 - tr_c0;
+  }
+#endif
   /* consumer 1 passed the token last: consumer 0 takes it so that no named
    * barrier is left with pending arrivals */
   if (cw == 0) ws_turn_wait(0);

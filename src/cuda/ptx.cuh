@@ -416,6 +416,17 @@ static __device__ __forceinline__ void kva_tma_load_3d(uint32_t dst, const void 
 static __device__ __forceinline__ void kva_tma_prefetch_map(const void *map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
+/* A box of a 3-D tensor map into L2 (no smem, no completion). */
+static __device__ __forceinline__ void kva_tma_prefetch_l2_3d(const void *map, int c0, int c1,
+                                                              int c2) {
+  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"(map),
+               "r"(c0), "r"(c1), "r"(c2)
+               : "memory");
+}
+/* The 128-byte line at p into L2. */
+static __device__ __forceinline__ void kva_prefetch_l2(const void *p) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 /* Named barrier `id` (1..15; 0 is __syncthreads) over `count` threads (a
  * multiple of 32): sync waits for the count, arrive only counts. */
 static __device__ __forceinline__ void kva_bar_sync(int id, int count) {

@@ -100,7 +100,7 @@ static int run_case(const Case &c, int idx) {
     g_tma.warps = 1 << (rnd() % 3); /* 1, 2 or 4 producer warps */
     const uint64_t qd[3] = {(uint64_t)D, (uint64_t)c.hq, (uint64_t)total_q};
     const uint64_t qs[2] = {(uint64_t)D * 2, (uint64_t)c.hq * D * 2};
-    const uint32_t qb[3] = {64, 1, KVA_WS_TILE_ROWS};
+    const uint32_t qb[3] = {64, 1, KVA_WS_QBOX_ROWS};
     kva_tma_encode_16bit_3d(&g_tma.q, e.q, qd, qs, qb);
     const uint64_t kd[3] = {(uint64_t)D, (uint64_t)c.hkv, (uint64_t)l.num_pages * c.ps};
     const uint64_t kst[2] = {(uint64_t)D * 2, (uint64_t)c.hkv * D * 2};

@@ -42,6 +42,8 @@ void kva_cp_async_wait_all(void);
 void kva_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes);
 void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar);
 static inline void kva_tma_prefetch_map(const void *) {}
+static inline void kva_tma_prefetch_l2_3d(const void *, int, int, int) {}
+static inline void kva_prefetch_l2(const void *) {}
 void kva_bar_sync(int id, int count);
 void kva_bar_arrive(int id, int count);
 template <int N> static inline void kva_setmaxnreg_inc(void) {
