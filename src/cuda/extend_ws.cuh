@@ -77,17 +77,20 @@ static_assert(3 * sizeof(ext_item) + 2 * sizeof(int) <= KVA_EXT_ITEM_BYTES, "ite
 #define KVA_WS_BAR_PROD 3 /* the producer warpgroup's item broadcast */
 
 /* Diagnostics (a build with -DKVA_EXT_TRACE; `KVA_DEC_TRACE=FILE kvattn
- * bench --mode prefill`, scripts/ext_trace.py): consumer 0's first thread
- * sums SM cycles per phase in smem and writes them to a.trace at exit:
- * words 0 entry / 6 exit (%globaltimer), 1 Q wait, 2 first key tile, 3 the
- * other tiles, 4 last P V, 5 epilogue, 7 items, 8 key tiles, 9 cycles from
- * entry to exit, 10 K/V waits inside the tiles, 11 pingpong token waits. */
+ * bench --mode prefill`, scripts/ext_trace.py): the first thread of each
+ * consumer warpgroup sums SM cycles per phase in smem and writes them at
+ * exit to a.trace record blockIdx.x (consumer 0) or gridDim.x + blockIdx.x
+ * (consumer 1): words 0 entry / 6 exit (%globaltimer), 1 Q wait, 2 turn
+ * issue + S wait, 3 softmax, 4 P V wait + rescale (2-4: tiles after the
+ * first), 5 epilogue, 7 items, 8 key tiles, 9 cycles from entry to exit,
+ * 10 K/V waits, 11 pingpong token waits. The clock reads constrain ptxas's
+ * schedule: compare the trace build's speed with the plain one. */
 #ifdef KVA_EXT_TRACE
-static __shared__ unsigned ws_tr_acc[12];
+static __shared__ unsigned ws_tr_acc[2][12];
 #define WS_CLK(v) const unsigned v = (unsigned)clock64()
-#define WS_ACC(w, d)                                  \
-  do {                                                \
-    if (threadIdx.x == 128) ws_tr_acc[w] += (d);      \
+#define WS_ACC(w, d)                                                                \
+  do {                                                                              \
+    if (threadIdx.x == 128 || threadIdx.x == 256) ws_tr_acc[(threadIdx.x >> 7) - 1][w] += (d); \
   } while (0)
 #else
 #define WS_CLK(v)
@@ -443,11 +446,17 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     ws_turn_pass(c.cw);
     kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
     wg_fence_acc<BN / 2>(s);
+    WS_CLK(tw3);
+    WS_ACC(2, tw3 - tw2);
     kva_mbar_arrive(bk + 8);             /* K stage free */
     kva_mbar_arrive_if(c.q_empty, last); /* Q free after the item's last S */
     rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w, c.kv_len,
                                  a.causal, a.window_left, a.qk_mul, a.cap_log2, c.lane);
+    WS_CLK(tw4);
+    WS_ACC(3, tw4 - tw3);
     wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
+    WS_CLK(tw5);
+    WS_ACC(4, tw5 - tw4);
     kva_mbar_arrive(bv + 24); /* V_{n-1} stage free */
   } else {
     kva_mbar_wait(bk, par);
@@ -537,8 +546,8 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
 #ifdef KVA_EXT_TRACE
   const unsigned long long tr_entry = kva_globaltimer();
   WS_CLK(tr_c0);
-  if (tid == 128)
-    for (int i = 0; i < 12; i++) ws_tr_acc[i] = 0;
+  if (tid == 128 || tid == 256)
+    for (int i = 0; i < 12; i++) ws_tr_acc[cw][i] = 0;
 #endif
 
   uint32_t t = 0; /* key tiles consumed so far (ring position) */
@@ -580,8 +589,6 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
        * instead makes ptxas serialize every wgmma (C7513). */
       uint32_t pa[BN / 8][2], pb[BN / 8][2];
       ws_step<D, QT, TMA, 1>(a, c, 0, t, o, m, l, pb, pa);
-      WS_CLK(tf1);
-      WS_ACC(2, tf1 - tq1);
       int n = 1;
       for (; n + 1 < ntiles; n += 2) {
         ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
@@ -589,17 +596,9 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
       }
       if (n < ntiles) {
         ws_step<D, QT, TMA, 0>(a, c, n, t, o, m, l, pa, pb);
-        WS_CLK(tl0);
-        WS_ACC(3, tl0 - tf1);
         ws_last_pv<D, QT, TMA>(c, t, o, pb);
-        WS_CLK(tl1);
-        WS_ACC(4, tl1 - tl0);
       } else {
-        WS_CLK(tl0);
-        WS_ACC(3, tl0 - tf1);
         ws_last_pv<D, QT, TMA>(c, t, o, pa);
-        WS_CLK(tl1);
-        WS_ACC(4, tl1 - tl0);
       }
     }
     WS_CLK(te0);
@@ -653,9 +652,9 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
     WS_ACC(8, ntiles);
   }
 #ifdef KVA_EXT_TRACE
-  if (tid == 128 && a.trace) {
-    unsigned long long *w = a.trace + (size_t)blockIdx.x * KVA_TRACE_WORDS;
-    for (int i = 1; i < 12; i++) w[i] = ws_tr_acc[i];
+  if ((tid == 128 || tid == 256) && a.trace) {
+    unsigned long long *w = a.trace + (size_t)(cw * gridDim.x + blockIdx.x) * KVA_TRACE_WORDS;
+    for (int i = 1; i < 12; i++) w[i] = ws_tr_acc[cw][i];
     w[0] = tr_entry;
     w[6] = kva_globaltimer();
     WS_CLK(tr_c1);

@@ -10,7 +10,7 @@ emu_build() {
   local root
   root=$(cd "$here/../.." && pwd)
   local inc="-I$here -I$root/tests/emu -I$root/src -I$root/include -I/usr/local/cuda/include"
-  local w="-Wall -Wno-array-bounds -Wno-unused-function -Wno-unknown-pragmas -Wno-attributes"
+  local w="-Wall -Wno-array-bounds -Wno-unused-function -Wno-unknown-pragmas -Wno-attributes ${EMU_CXXFLAGS:-}"
   # shellcheck disable=SC2086
   gcc -std=c11 -O2 -Wall -Wextra $inc -c "$root/$sched" -o "$out.sched.o" &&
     g++ -std=c++17 -O2 $w $inc -c "$root/tests/emu/emu_rt.cpp" -o "$out.rt.o" &&
