@@ -31,7 +31,8 @@ int bench_make_batch(kva_context *ctx, const bench_opts *o, kva_layout layout, i
 /* Fills every buffer of every layer with random values; 0 on success. */
 int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng);
 /* Times kva_attention (warm-up, median of the samples); with KVA_DEC_TRACE set,
- * then records the decode / MLA kernel timeline (dec_trace.c). 0 on success. */
+ * then records the decode / MLA kernel timeline, or the prefill kernel's phase
+ * sums in a KVA_EXT_TRACE build (dec_trace.c). 0 on success. */
 int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
                          int layers, const kva_attn_params *ap, const void *q, void *out,
                          bench_timing *res);

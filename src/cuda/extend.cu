@@ -212,7 +212,9 @@ kva_status kva_cuda_extend_attention(kva_plan *plan, const kva_pool *pool, int l
   if (ws) {
     /* its CTAs take items from a counter: 0 before every launch */
     KVA_CUDA_TRY(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), cs->stream));
-    a.trace = kva_trace_next(cs->num_sms); /* stamped only by a KVA_EXT_TRACE build */
+    /* stamped only by a KVA_EXT_TRACE build: a record per consumer warpgroup
+     * of each CTA (grid <= num_sms) */
+    a.trace = kva_trace_next(2LL * cs->num_sms);
     const int rows = ep->tma ? kva_ext_tma_rows(pc->page_size, KVA_WS_BN(d)) : 0;
     kva_ext_tma tm_buf;
     const kva_ext_tma *tm = NULL;

@@ -88,8 +88,9 @@ kva_status kva_ext_launch_wgmma(const kva_ext_args *a, kva_dtype qt, int num_sms
 #define KVA_WS_TMA_WARPS 4 /* default producer warps of the TMA loads (1, 2 or 4: see kva_ext_tma) */
 /* The ws kernel's TMA loads (tm != NULL): Q as [total_q][hq][D] and the
  * layer's K and V as [slots][hkv][D], boxes of 64 columns (128 bytes) by 1
- * head by `rows` rows: the Q tile's 128 rows, or min(page size, key tile)
- * keys, one page or one key tile per box (see ext_tma_rows). Without: the
+ * head by `rows` rows: KVA_WS_QBOX_ROWS (half the Q tile), or min(page
+ * size, key tile) keys, one page or one key tile per box (see
+ * kva_ext_tma_rows). Without: the
  * producer gathers rows with cp.async. grid_cache[4]: (f16, bf16) x
  * (cp.async, TMA). */
 /* Rows of a K/V TMA box for the ws kernel: a whole page when pages tile

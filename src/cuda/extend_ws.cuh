@@ -63,6 +63,11 @@
  * stage k_full, k_empty, v_full, v_empty */
 #define KVA_WS_NBAR(d) (4 + 4 * KVA_WS_STAGES(d))
 #define KVA_WS_RING_OFF 32 /* byte offset of the stage barriers */
+/* Q half hf's barriers (rows 64 hf.., consumer warpgroup hf's) */
+static __device__ __forceinline__ uint32_t ws_q_full(uint32_t s_bar, int hf) { return s_bar + 16 * hf; }
+static __device__ __forceinline__ uint32_t ws_q_empty(uint32_t s_bar, int hf) {
+  return s_bar + 16 * hf + 8;
+}
 #define KVA_WS_BAR_BYTES(d) (((KVA_WS_NBAR(d) * 8) + 127) / 128 * 128)
 #define KVA_WS_QTILE(d) (KVA_WS_BM * (d)*2)          /* bytes of the Q tile */
 #define KVA_WS_KVTILE(d) (KVA_WS_BN(d) * (d)*2)      /* ... of a K or V tile */
@@ -181,7 +186,7 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
   constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
   constexpr int KVT = KVA_WS_KVTILE(D);
   const int my_row = ws_my_row<D>(p);
-  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF;
   uint32_t t = 0; /* key tiles issued so far (ring position) */
   volatile int *const idx = (volatile int *)(its + 3); /* [2]: this round's item index */
   for (int round = 0;; round++) {
@@ -213,10 +218,10 @@ static __device__ __forceinline__ void ws_producer(const kva_ext_args *ap, uint3
         /* Q, each half once its consumer warpgroup released it */
 #pragma unroll 1
         for (int hf = 0; hf < 2; hf++) {
-          kva_mbar_wait(s_bar + 16 * hf + 8, (uint32_t)(round & 1) ^ 1u);
+          kva_mbar_wait(ws_q_empty(s_bar, hf), (uint32_t)(round & 1) ^ 1u);
           if (x.valid) ws_issue_q<D>(ap, s_q, x.q_row0, x.n_valid, x.h, hf, p);
-          kva_cp_async_mbar_arrive_noinc(s_bar + 16 * hf);
-          if (p == 0) kva_mbar_arrive(s_bar + 16 * hf); /* publishes the item (release) */
+          kva_cp_async_mbar_arrive_noinc(ws_q_full(s_bar, hf));
+          if (p == 0) kva_mbar_arrive(ws_q_full(s_bar, hf)); /* publishes the item (release) */
         }
         if (x.ntiles == 0) break;
       }
@@ -325,7 +330,7 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
                                                     int w, int lane) {
   constexpr int BM = KVA_WS_BM, BN = KVA_WS_BN(D), NS = KVA_WS_STAGES(D);
   constexpr int KVT = KVA_WS_KVTILE(D);
-  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF;
   const int rows = tm->rows, nbox = BN / rows, nw = tm->warps;
   /* this warp's share of a tile: sub of nsub */
   const int nsub = ws_tma_ring_warps(nw), sub = nsub == 2 ? w & 1 : 0;
@@ -357,8 +362,8 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
          * of the item is already on its way) */
 #pragma unroll 1
         for (int hf = 0; hf < 2; hf++) {
-          const uint32_t q_full = s_bar + 16 * hf;
-          kva_mbar_wait(q_full + 8, (uint32_t)(round & 1) ^ 1u);
+          const uint32_t q_full = ws_q_full(s_bar, hf);
+          kva_mbar_wait(ws_q_empty(s_bar, hf), (uint32_t)(round & 1) ^ 1u);
           if (lane == 0) {
             if (x.valid) { /* the arrival publishes the item (release) */
               constexpr int QH = KVA_WS_QBOX_ROWS;
@@ -506,7 +511,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const uint32_t s_bar = s_v + NS * KVT;
   volatile ext_item *const its =
       (volatile ext_item *)(p_base + QTL + 2 * NS * KVT + KVA_WS_BAR_BYTES(D));
-  const uint32_t ring = s_bar + KVA_WS_RING_OFF; /* Q half hf: full s_bar + 16 hf, empty + 8 */
+  const uint32_t ring = s_bar + KVA_WS_RING_OFF;
 
   const int tid = threadIdx.x;
   if (tid == 0) {
@@ -515,8 +520,8 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
      * warp loading the ring */
     const int kv_arrivals = TMA ? ws_tma_ring_warps(tm.warps) : 128;
     for (int hf = 0; hf < 2; hf++) {
-      kva_mbar_init(s_bar + 16 * hf, TMA ? 1 : 128 + 1); /* q_full */
-      kva_mbar_init(s_bar + 16 * hf + 8, 128);          /* q_empty: its warpgroup */
+      kva_mbar_init(ws_q_full(s_bar, hf), TMA ? 1 : 128 + 1);
+      kva_mbar_init(ws_q_empty(s_bar, hf), 128); /* its warpgroup */
     }
     for (int s = 0; s < NS; s++) {
       kva_mbar_init(ring + 32 * s, kv_arrivals);        /* k_full */
@@ -541,7 +546,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int lane = tid & 31, cw = wg - 1; /* consumer warpgroup 0 or 1 */
   const int row_w = 16 * ((tid >> 5) - 4); /* first tile row of the warp */
   const uint32_t q_wg = s_q + 64 * cw * 128; /* its 64 rows in every column block */
-  const uint32_t q_full = s_bar + 16 * cw, q_empty = q_full + 8; /* its Q half's barriers */
+  const uint32_t q_full = ws_q_full(s_bar, cw), q_empty = ws_q_empty(s_bar, cw);
   if (cw == 1) ws_turn_pass(1); /* consumer 0 issues first */
 #ifdef KVA_EXT_TRACE
   const unsigned long long tr_entry = kva_globaltimer();
