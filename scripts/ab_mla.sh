@@ -1,16 +1,28 @@
 #!/usr/bin/env bash
-# A/B of the MLA kernels (KVA_MLA_KERNEL=v2|v3) on FlashMLA's table rows,
-# interleaved in one call: [KVA_AB="v2 v3"] bash scripts/ab_mla.sh [repeats]
-# (default KVA_AB="v2 v3"; v3 runs 16-bit latents only, its fp8 row is v2)
+# A/B of the MLA kernels on FlashMLA's table rows, interleaved in one call:
+#   [KVA_AB="v2 v4"] bash scripts/ab_mla.sh [repeats]
+# KVA_AB: KVA_MLA_KERNEL values (default "v2 v4"; v4 runs 16-bit latents
+# only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path ..." (each
+# run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default}). AB_SHAPES: a file of
+# bench arguments, one shape per line (default: the table's rows).
 set -uo pipefail
 K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
+shapes() {
+  if [ -n "${AB_SHAPES:-}" ]; then cat "$AB_SHAPES"; return; fi
+  for cfg in "--heads 16:1 --sq 1" "--heads 64:1 --sq 1" "--heads 64:1 --sq 1 --varlen" "--heads 32:1 --sq 2" \
+             "--heads 128:1 --sq 1" "--heads 64:1 --sq 2" "--heads 128:1 --sq 2" "--heads 64:1 --sq 1 --kv-dtype fp8"; do
+    echo "--batch 128 --ctx 4096,8192 $cfg"
+  done
+}
+variants=${KVA_AB_BINS:-${KVA_AB:-v2 v4}}
 for rep in $(seq "$n"); do
-  for v in ${KVA_AB:-v2 v3}; do
-    for cfg in "--heads 16:1 --sq 1" "--heads 64:1 --sq 1" "--heads 64:1 --sq 1 --varlen" "--heads 32:1 --sq 2" \
-               "--heads 128:1 --sq 1" "--heads 64:1 --sq 2" "--heads 128:1 --sq 2" "--heads 64:1 --sq 1 --kv-dtype fp8"; do
+  for v in $variants; do
+    if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
+    else name=$v bin=$K kern=$v; fi
+    shapes | while read -r cfg; do
       # shellcheck disable=SC2086
-      KVA_MLA_KERNEL=$v "$K" bench --device cuda --mode mla --batch 128 --ctx 4096,8192 --page 64 $cfg --json 2>/dev/null |
-        sed "s|^{|{\"kernel\":\"$v\",|"
+      KVA_MLA_KERNEL=$kern "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
+        sed "s|^{|{\"kernel\":\"$name\",|"
     done
   done
 done | python3 "$(dirname "$0")/ab_summary.py" mla

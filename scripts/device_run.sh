@@ -50,10 +50,12 @@ if has sanitize; then
     rc=$?
     note "compute-sanitizer $tool (TMA prefill): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/san_ext_$tool.log" | tail -1)"
   done
-  for tool in memcheck racecheck; do # the MLA kernel on purpose
-    timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_$tool.log" 2>&1
-    rc=$?
-    note "compute-sanitizer $tool (MLA cases): rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_mla_$tool.log" | tail -2 | tr '\n' ' ')"
+  for v in v2 v4; do # each MLA kernel on every case (the default picks by rows)
+    for tool in memcheck racecheck synccheck; do
+      KVA_MLA_KERNEL=$v timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_${v}_$tool.log" 2>&1
+      rc=$?
+      note "compute-sanitizer $tool (MLA cases, $v): rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_mla_${v}_$tool.log" | tail -2 | tr '\n' ' ')"
+    done
   done
 fi
 
@@ -65,6 +67,12 @@ if has test; then
     tail -3 "$OUT/$(basename "$t").log"
     note "$(basename "$t"): rc=$rc $(tail -1 "$OUT/$(basename "$t").log")"
   done
+  if [ -x "$BIN/test_cuda_mla" ]; then
+    for v in v2 v4; do # each MLA kernel on every shape
+      KVA_MLA_KERNEL=$v timeout 300 "$BIN/test_cuda_mla" >"$OUT/test_cuda_mla_$v.log" 2>&1
+      note "test_cuda_mla (KVA_MLA_KERNEL=$v): rc=$? $(tail -1 "$OUT/test_cuda_mla_$v.log")"
+    done
+  fi
 fi
 
 if has kernels; then

@@ -149,8 +149,12 @@ struct kva_backend {
   kva_status (*synchronize)(kva_context *ctx);
   kva_status (*set_stream)(kva_context *ctx, void *stream);
   /* Split-KV workers for a plan when its config says 0 (CPU: threads;
-   * CUDA: enough CTAs over the kv heads to fill every SM). */
-  int (*default_workers)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads);
+   * CUDA: enough CTAs over the kv heads to fill every SM), for decode
+   * requests of up to max_q_len new tokens: called with 1 when the plan is
+   * made (its capacity) and with the batch's longest decode request when a
+   * batch is planned (a batch uses at most the capacity). */
+  int (*default_workers)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                         int max_q_len);
   /* KV tokens per split-schedule block when the plan config says 0 (NULL:
    * ctx->default_split_block). A block that is a whole number of the
    * kernel's key tiles keeps chunk edges off partial tiles. */

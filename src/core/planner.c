@@ -18,6 +18,8 @@ typedef struct plan_impl {
   int32_t *tmp_indptr;        /* [max_batch + 1] */
   int32_t *tmp_row_offset;    /* [max_batch + 1] */
   int backend_inited;
+  int auto_workers;           /* config->num_workers was 0: each batch asks the backend */
+  int batch_workers;          /* workers of the planned batch (<= pub.cfg.num_workers) */
 } plan_impl;
 
 static void *xcalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
@@ -104,7 +106,7 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
 
   int workers = config->num_workers;
   if (workers == 0)
-    workers = be->default_workers ? be->default_workers(ctx, pool, config->num_qo_heads)
+    workers = be->default_workers ? be->default_workers(ctx, pool, config->num_qo_heads, 1)
                                   : ctx->num_workers;
   if (workers < 1) workers = 1;
   if (workers > KVA_PLAN_MAX_WORKERS) workers = KVA_PLAN_MAX_WORKERS;
@@ -131,6 +133,8 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
   p->ctx = ctx;
   p->cfg = *config;
   p->cfg.num_workers = workers;
+  pi->auto_workers = config->num_workers == 0;
+  pi->batch_workers = workers;
   p->cfg.split_block = block;
   p->max_pages_per_req = max_pages_per_req;
   p->max_partial_rows = (int)rows;
@@ -291,9 +295,20 @@ static kva_status check_totals(const kva_plan *p, int64_t total_q, int64_t total
 static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
                            int *nsplits, const char *fn) {
   kva_plan *p = &pi->pub;
-  for (int i = 0; i < n; i++) pi->sched_kv[i] = num_new[i] <= KVA_MAX_DECODE_Q ? kv_len[i] : 0;
-  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, p->cfg.num_workers,
-                                pi->tmp_sched, pi->tmp_indptr);
+  int max_dq = 0; /* the longest decode request */
+  for (int i = 0; i < n; i++) {
+    pi->sched_kv[i] = num_new[i] <= KVA_MAX_DECODE_Q ? kv_len[i] : 0;
+    if (num_new[i] <= KVA_MAX_DECODE_Q && num_new[i] > max_dq) max_dq = num_new[i];
+  }
+  int w = p->cfg.num_workers;
+  const kva_backend *be = p->ctx->backend;
+  if (pi->auto_workers && be->default_workers && max_dq > 1) {
+    const int bw = be->default_workers(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq);
+    if (bw >= 1 && bw < w) w = bw;
+  }
+  pi->batch_workers = w;
+  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, pi->tmp_sched,
+                                pi->tmp_indptr);
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
     pi->tmp_row_offset[i] = (int32_t)(rows <= INT32_MAX ? rows : INT32_MAX);
@@ -360,8 +375,12 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
     else
       p->extend_reqs[ne++] = i;
   }
-  const int W = p->cfg.num_workers;
+  const int W = pi->batch_workers;
   memcpy(p->split_schedule, pi->tmp_sched, (size_t)W * sizeof(kva_split_work));
+  for (int w = W; w < p->cfg.num_workers; w++) { /* idle: the launch grid is the capacity */
+    memset(&p->split_schedule[w], 0, sizeof(kva_split_work));
+    p->split_schedule[w].end_req = -1;
+  }
   memcpy(p->split_indptr, pi->tmp_indptr, (size_t)(n + 1) * sizeof(int32_t));
   memcpy(p->split_row_offset, pi->tmp_row_offset, (size_t)(n + 1) * sizeof(int32_t));
 

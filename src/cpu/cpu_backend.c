@@ -91,9 +91,11 @@ int kva_cpu_get_simd(const kva_context *ctx) {
   return kva_cpu_state_of(ctx)->simd;
 }
 
-static int cpu_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads) {
+static int cpu_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                               int max_q_len) {
   (void)pool;
   (void)num_qo_heads;
+  (void)max_q_len;
   return ctx->num_workers;
 }
 

@@ -105,9 +105,13 @@ static kva_status cuda_set_stream(kva_context *ctx, void *stream) {
  * (workers, row tiles), one CTA per SM: the SMs over the row tiles of one
  * new token per request (FlashMLA's num_sm_parts); more tokens per request
  * make more full waves. */
-static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads) {
+static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                                int max_q_len) {
   if (pool->cfg.layout == KVA_LAYOUT_MLA) {
-    const int tiles = kva_cuda_mla_row_tiles(num_qo_heads > 0 ? num_qo_heads : 1, 1);
+    /* one CTA per SM: workers x row tiles of the batch's rows fill the SMs
+     * in one wave (FlashMLA's num_sm_parts) */
+    const int tiles = kva_cuda_mla_row_tiles(num_qo_heads > 0 ? num_qo_heads : 1,
+                                             max_q_len > 0 ? max_q_len : 1);
     const int w = kva_cuda_state_of(ctx)->num_sms / tiles;
     return w > 1 ? w : 1;
   }

@@ -1,33 +1,34 @@
-/* MLA decode on the CUDA backend: the plan's decode requests on the wgmma
- * kernel (mla_kernel.cuh), which also merges the chunks of split requests;
- * f32 Q/O, Q of another 16-bit type than the pool, or unaligned Q/O run
- * on the CUDA-core kernel (simple_attention.cu). Two wgmma kernels: v2
- * (mla_kernel.cuh; 32-key tiles, S split between the warpgroups), the
- * default, and v3 (mla_kernel_v3.cuh; 64-key blocks, one warpgroup's S
- * shared as P; 16-bit latents), opt-in with KVA_MLA_KERNEL=v3: 8-10%
- * faster at 128 q heads, but compute-sanitizer racecheck still reports one
- * shared-memory hazard in it (docs/cuda_kernels.md). Launch shapes come from
- * plan capacities only (max_q_tokens, num_workers), never from the batch, so
- * the same launch replays under CUDA graphs. */
+/* MLA decode on the CUDA backend: the plan's decode requests on a wgmma
+ * kernel, which also merges the chunks of split requests; f32 Q/O, Q of
+ * another 16-bit type than the pool, or unaligned Q/O run on the CUDA-core
+ * kernel (simple_attention.cu). Two wgmma kernels: v2 (mla_kernel.cuh;
+ * 32-key tiles, S split between the warpgroups; fp8 latents too) and v4
+ * (mla_kernel_v4.cuh; 64-key blocks in pairs, FlashMLA's seesaw; 16-bit
+ * latents). v4 runs batches of >= 128 rows (q heads x new tokens: the
+ * compute-bound ones, where it measured 10-20% faster), v2 the rest (v4 was
+ * 1-4% slower there); KVA_MLA_KERNEL=v2|v4 forces one (A/B). Launch shapes
+ * come from plan capacities only (max_q_tokens, num_workers), never from
+ * the batch, so the same launch replays under CUDA graphs (the kernel
+ * choice is the captured batch's). */
 #include <string.h>
 
 #include <stdlib.h>
 
 #include "cuda/mla_kernel.cuh"
-#include "cuda/mla_kernel_v3.cuh"
+#include "cuda/mla_kernel_v4.cuh"
 
-/* ver: 2 or 3 (3: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2 or 4 (4: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
                              cudaStream_t s) {
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v3[KVA_CUDA_OPTIN_DEVICES]; /* per kernel */
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v4[KVA_CUDA_OPTIN_DEVICES]; /* per kernel */
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
-  if (ver == 3 && !KV8) {
-    smem = KVA_MLA3_SMEM;
-    fn = kva_mla_kernel_v3<QT>;
-    optin = optin_v3;
+  if (ver == 4 && !KV8) {
+    smem = KVA_MLA4_SMEM;
+    fn = kva_mla_kernel_v4<QT>;
+    optin = optin_v4;
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
@@ -46,12 +47,15 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
              : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v2|v3 forces a kernel (A/B); 0 = the default (v2). */
+/* KVA_MLA_KERNEL=v2|v4 forces a kernel (A/B); 0 = by the batch's rows. */
 static int mla_kernel_forced(void) {
   static int v = -1; /* read once: launches are replayed under CUDA graphs */
   if (v < 0) {
     const char *env = getenv("KVA_MLA_KERNEL");
-    v = env == NULL ? 0 : strcmp(env, "v2") == 0 ? 2 : strcmp(env, "v3") == 0 ? 3 : 0;
+    v = env == NULL                 ? 0
+        : strcmp(env, "v2") == 0 ? 2
+        : strcmp(env, "v4") == 0 ? 4
+                                 : 0;
   }
   return v;
 }
@@ -102,11 +106,15 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
-  /* a plan capacity, not the batch: graph replays launch the same kernel */
+  /* the kernel by the batch's rows (a graph replays the captured one; both
+   * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();
-  if (ver == 0) ver = 2;
-  if (ver == 3 && (kv8 || KVA_MLA3_SMEM > cs->max_smem_optin)) ver = 2;
-  if (ver == 2) a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
+  if (ver == 0) {
+    const int q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
+    ver = hq * q >= 2 * KVA_MLA_BM ? 4 : 2;
+  }
+  if (ver == 4 && (kv8 || KVA_MLA4_SMEM > cs->max_smem_optin)) ver = 2;
+  a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
   return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);
 }

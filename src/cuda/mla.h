@@ -34,17 +34,17 @@ extern "C" {
 #define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
 #define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */
 
-/* v3 (mla_kernel_v3.cuh, 16-bit latents only): 64-key blocks, two stages
- * of [9][64 rows][128 B]; P of one block shared through smem ([64][128 B],
- * swizzled), per-row rescale factor and running max, the two warpgroups'
- * row sums, mbarriers (Q, stage x column block), flags. */
-#define KVA_MLA3_BN 64
-#define KVA_MLA3_TILE (KVA_MLA_D / 64 * KVA_MLA3_BN * 128) /* 73728 */
-#define KVA_MLA3_P (KVA_MLA_BM * 128)                     /* 8192 */
-#define KVA_MLA3_STATS (4 * KVA_MLA_BM * 4)               /* scale, max, l[2]: 1024 */
-#define KVA_MLA3_BARS 160 /* 19 mbarriers (Q; stage x 9 column blocks) + flag */
-#define KVA_MLA3_SMEM \
-  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA3_TILE + KVA_MLA3_P + KVA_MLA3_STATS + KVA_MLA3_BARS) /* 231584 */
+/* v4 (mla_kernel_v4.cuh, 16-bit latents only): 64-key blocks in pairs,
+ * two stages of [9][64 rows][128 B] (P1 over stage 1's rope columns), P0
+ * ([64][128 B]), per-row factor and max of each warpgroup, the two row
+ * sums, 19 mbarriers (Q; stage x 9 column blocks) and a flag. */
+#define KVA_MLA4_BN 64
+#define KVA_MLA4_TILE (KVA_MLA_D / 64 * KVA_MLA4_BN * 128) /* 73728 */
+#define KVA_MLA4_P (KVA_MLA_BM * 128)                     /* 8192 */
+#define KVA_MLA4_STATS (6 * KVA_MLA_BM * 4)               /* c0, m0, c1, m1, l[2]: 1536 */
+#define KVA_MLA4_BARS 160
+#define KVA_MLA4_SMEM \
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA4_TILE + KVA_MLA4_P + KVA_MLA4_STATS + KVA_MLA4_BARS) /* 232096 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
@@ -68,7 +68,7 @@ typedef struct kva_mla_args {
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 2 or 3 (3 with 16-bit latents only). */
+ * 2 or 4 (4 with 16-bit latents only). */
 kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, unsigned grid_x,
                           unsigned grid_y, cudaStream_t stream);
 
