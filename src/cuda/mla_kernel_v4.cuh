@@ -377,6 +377,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         mla4_pv_rs<QT>(o, pk, s_st0, 0);
         if (has1) {
           kva_bar_sync(KVA_MLA4_BAR_P1, KVA_MLA_THREADS); /* P1, c1, m1 */
+          /* V1_L was waited for by warpgroup 1 (S1), not here: this
+           * warp's own proxy fence, after the barrier, covers it */
+          kva_fence_proxy_async_smem();
           kva_wgmma_wait<0>();
           mla4_fence_o(o);
           mla4_take(o, m, l, sc1, sm1, wq, g);
@@ -395,6 +398,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         if (has1) {
           mla4_issue_s<QT>(s, s_q, s_st1, bar_st1, par1);
           kva_bar_sync(KVA_MLA4_BAR_P0, KVA_MLA_THREADS); /* P0, c0, m0 */
+          kva_fence_proxy_async_smem(); /* V0_R landed for warpgroup 0's S0 */
           mla4_take(o, m, l, sc0, sm0, wq, g);
           mla4_pv_ss<QT>(o, s_p0, s_st0, 1);
           kva_wgmma_wait<1>(); /* S1 */
@@ -419,6 +423,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
           if (2 * i + 3 < nblk) mla4_copy(s_st1, bar_st1, kvg, nx1, 1, tw);
         } else {
           kva_bar_sync(KVA_MLA4_BAR_P0, KVA_MLA_THREADS);
+          kva_fence_proxy_async_smem();
           mla4_take(o, m, l, sc0, sm0, wq, g);
           mla4_pv_ss<QT>(o, s_p0, s_st0, 1);
           kva_wgmma_wait<0>();

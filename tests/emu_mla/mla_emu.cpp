@@ -3,20 +3,20 @@
  * h_q, 1..8 new tokens per request, varlen, page sizes, bf16/f16/fp8
  * latents, forced splits. */
 #include "emu_common.h"
-#include "cuda/mla_kernel_v3.cuh"
+#include "cuda/mla_kernel_v4.cuh"
 #include <algorithm>
 #include <vector>
 
 static kva_mla_args g_args;
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v3: the kernel (default v2); v3
+/* EMU_MLA_KERNEL=v2|v4: the kernel (default v2); v4
  * runs 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
 static int g_ver = 2, g_run_ver = 2;
 template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
-  if (g_run_ver == 3 && !KV8)
-    kva_mla_kernel_v3<QT>(g_args);
+  if (g_run_ver == 4 && !KV8)
+    kva_mla_kernel_v4<QT>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -58,8 +58,8 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  g_run_ver = g_ver == 3 && c.kv8 ? 2 : g_ver;
-  emu_smem_limit = g_run_ver == 3 ? KVA_MLA3_SMEM : KVA_MLA_SMEM(c.kv8);
+  g_run_ver = g_ver == 4 && c.kv8 ? 2 : g_ver;
+  emu_smem_limit = g_run_ver == 4 ? KVA_MLA4_SMEM : KVA_MLA_SMEM(c.kv8);
   for (int y = 0; y < tiles; y++) {
     g_y = (unsigned)y;
     emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
@@ -89,7 +89,7 @@ static int run_case(const Case &c, int idx) {
 
 int main(int argc, char **argv) {
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
-  if (g_ver < 2 || g_ver > 3) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v3\n"); return 2; }
+  if (g_ver != 2 && g_ver != 4) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v4\n"); return 2; }
   printf("kernel v%d\n", g_ver);
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;
