@@ -19,7 +19,6 @@ typedef struct plan_impl {
   int32_t *tmp_row_offset;    /* [max_batch + 1] */
   int backend_inited;
   int auto_workers;           /* config->num_workers was 0: each batch asks the backend */
-  int batch_workers;          /* workers of the planned batch (<= pub.cfg.num_workers) */
 } plan_impl;
 
 static void *xcalloc(size_t n, size_t size) { return calloc(n ? n : 1, size); }
@@ -134,7 +133,6 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
   p->cfg = *config;
   p->cfg.num_workers = workers;
   pi->auto_workers = config->num_workers == 0;
-  pi->batch_workers = workers;
   p->cfg.split_block = block;
   p->max_pages_per_req = max_pages_per_req;
   p->max_partial_rows = (int)rows;
@@ -293,7 +291,7 @@ static kva_status check_totals(const kva_plan *p, int64_t total_q, int64_t total
 /* Split schedule over the decode requests and their partial rows, into
  * scratch. kv_len[i] = num_cached + num_new. */
 static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
-                           int *nsplits, const char *fn) {
+                           int *nsplits, int *workers, const char *fn) {
   kva_plan *p = &pi->pub;
   int max_dq = 0; /* the longest decode request */
   for (int i = 0; i < n; i++) {
@@ -306,7 +304,7 @@ static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const in
     const int bw = be->default_workers(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq);
     if (bw >= 1 && bw < w) w = bw;
   }
-  pi->batch_workers = w;
+  *workers = w; /* <= cfg.num_workers */
   *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, pi->tmp_sched,
                                 pi->tmp_indptr);
   int64_t rows = 0;
@@ -331,9 +329,10 @@ typedef struct page_source {
   int stride;
 } page_source;
 
-/* Writes the batch into the plan (nothing here can fail), then publishes it. */
+/* Writes the batch into the plan (nothing here can fail), then publishes it;
+ * W: the batch's workers (schedule). */
 static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
-                         int max_pages, const page_source *src, int nsplits) {
+                         int max_pages, const page_source *src, int nsplits, int W) {
   kva_plan *p = &pi->pub;
   const int ps = p->pool->cfg.page_size;
   int32_t cq = 0, ck = 0, kvp = 0, max_q = 0, max_k = 0;
@@ -375,7 +374,6 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
     else
       p->extend_reqs[ne++] = i;
   }
-  const int W = pi->batch_workers;
   memcpy(p->split_schedule, pi->tmp_sched, (size_t)W * sizeof(kva_split_work));
   for (int w = W; w < p->cfg.num_workers; w++) { /* idle: the launch grid is the capacity */
     memset(&p->split_schedule[w], 0, sizeof(kva_split_work));
@@ -451,11 +449,11 @@ kva_status kva_plan_update(kva_plan *plan, const kva_batch *batch) {
   }
   st = check_totals(p, total_q, total_k, fn);
   if (st != KVA_OK) return st;
-  int nsplits;
-  st = schedule(pi, n, pi->kv_len, batch->num_new, &nsplits, fn);
+  int nsplits, workers;
+  st = schedule(pi, n, pi->kv_len, batch->num_new, &nsplits, &workers, fn);
   if (st != KVA_OK) return st;
   page_source src = {batch->req_slots, NULL, 0};
-  return commit(pi, n, pi->kv_len, batch->num_new, max_pages, &src, nsplits);
+  return commit(pi, n, pi->kv_len, batch->num_new, max_pages, &src, nsplits, workers);
 }
 
 kva_status kva_plan_update_paged(kva_plan *plan, const kva_paged_batch *batch) {
@@ -511,11 +509,11 @@ kva_status kva_plan_update_paged(kva_plan *plan, const kva_paged_batch *batch) {
   }
   st = check_totals(p, total_q, total_k, fn);
   if (st != KVA_OK) return st;
-  int nsplits;
-  st = schedule(pi, n, batch->cache_seqlens, batch->num_new, &nsplits, fn);
+  int nsplits, workers;
+  st = schedule(pi, n, batch->cache_seqlens, batch->num_new, &nsplits, &workers, fn);
   if (st != KVA_OK) return st;
   page_source src = {NULL, batch->page_table, stride};
-  return commit(pi, n, batch->cache_seqlens, batch->num_new, max_pages, &src, nsplits);
+  return commit(pi, n, batch->cache_seqlens, batch->num_new, max_pages, &src, nsplits, workers);
 }
 
 kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *info) {

@@ -257,6 +257,62 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
   }
 }
 
+/* O (single-chunk request) or the partial row and its LSE, for this
+ * thread's two rows of the row tile (16 wq + g + 8 hf) and O's columns
+ * 256 wg .. 256 wg + 255, straight from the accumulators; lt: the rows'
+ * full sums, m: their maxima (base 2). */
+template <int QT>
+static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, const float o[2][64],
+                                                      const float lt[2], const float m[2], int r,
+                                                      int split, int nsplit, int nt, int tok0,
+                                                      int row0, int rows, int wg, int wq, int g,
+                                                      int tq) {
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int grow = row0 + 16 * wq + g + 8 * hf;
+    if (grow >= rows) continue;
+    const int t = grow / a.hq, h = grow - t * a.hq;
+    const float inv = lt[hf] > 0.0f ? a.o_mul / lt[hf] : 0.0f;
+    const float lse = lt[hf] > 0.0f ? (m[hf] + log2f(lt[hf])) * KVA_MLA_LN2 : -INFINITY;
+    if (nsplit == 1) {
+      const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+      uint32_t *dst = (uint32_t *)((uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg);
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+          dst[(128 * hh + 8 * j + 2 * tq) / 2] =
+              mla_pack<QT>(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
+      if (a.lse && wg == 0 && tq == 0) a.lse[orow] = lse;
+    } else {
+      const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
+      float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int j = 0; j < 16; j++)
+          *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
+              make_float2(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
+      if (wg == 0 && tq == 0) a.part_lse[prow] = lse;
+    }
+  }
+}
+
+/* The chunks of request r merged into O by the CTA that completed them:
+ * with each row's weights in `scratch` (free smem of scratch_bytes) when
+ * they fit, else item by item. */
+template <int QT>
+static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int r, int nsplit,
+                                                      int nt, int tok0, int row0, int rows,
+                                                      int tid, float *scratch,
+                                                      size_t scratch_bytes) {
+  const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
+  if ((size_t)rows_here * (nsplit + 1) * 4 <= scratch_bytes)
+    mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch);
+  else
+    mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+}
+
 /* This warpgroup's half of S = Q K^T (the k-steps of 16 head dims kb with
  * kb % 2 == wg: 18 wgmma m64n32k16, Q and K from smem) for the K tile at
  * s_t: issued and committed as one group, not waited for. The descriptors
@@ -566,38 +622,14 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     KVA_TRACE_STAMP(3, kva_globaltimer());
 
     /* ---- O (or the partial row) straight from the accumulators ---- */
+    float lt[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-      float lt = l[hf];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const int grow = row0 + 16 * wq + g + 8 * hf;
-      if (grow >= rows) continue;
-      const int t = grow / a.hq, h = grow - t * a.hq;
-      const float inv = lt > 0.0f ? a.o_mul / lt : 0.0f;
-      const float lse = lt > 0.0f ? (m[hf] + log2f(lt)) * KVA_MLA_LN2 : -INFINITY;
-      if (nsplit == 1) {
-        const size_t orow = (size_t)(tok0 + t) * a.hq + h;
-        uint32_t *dst = (uint32_t *)((uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-          for (int j = 0; j < 16; j++)
-            dst[(128 * hh + 8 * j + 2 * tq) / 2] =
-                mla_pack<QT>(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-        if (a.lse && wg == 0 && tq == 0) a.lse[orow] = lse;
-      } else {
-        const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
-        float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-          for (int j = 0; j < 16; j++)
-            *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
-                make_float2(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-        if (wg == 0 && tq == 0) a.part_lse[prow] = lse;
-      }
+      lt[hf] = l[hf];
+      lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 1);
+      lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 2);
     }
+    mla_store_rows<QT>(a, o, lt, m, r, split, nsplit, nt, tok0, row0, rows, wg, wq, g, tq);
     if (nsplit > 1) {
       /* Count this chunk (split_merge.cuh); the chunk that completes the
        * count merges all of them. */
@@ -609,12 +641,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         trace_merges++;
         KVA_TRACE_STAMP(5, kva_globaltimer());
         KVA_TRACE_STAMP(6, kva_globaltimer());
-        const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
         /* the ring is free until the next request's prologue */
-        if ((size_t)rows_here * (nsplit + 1) * 4 <= (size_t)KVA_MLA_RING(KV8))
-          mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, (float *)p_kv);
-        else
-          mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+        mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid, (float *)p_kv,
+                           (size_t)KVA_MLA_RING(KV8));
         KVA_TRACE_STAMP(7, kva_globaltimer());
       }
     }

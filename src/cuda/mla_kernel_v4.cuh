@@ -450,36 +450,10 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       if (tq == 0) sl[wg * KVA_MLA_BM + 16 * wq + g + 8 * hf] = lt;
     }
     __syncthreads();
+    float lt[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      const int lr = 16 * wq + g + 8 * hf, grow = row0 + lr;
-      const float lt = l[hf] + sl[(wg ^ 1) * KVA_MLA_BM + lr];
-      if (grow >= rows) continue;
-      const int t = grow / a.hq, h = grow - t * a.hq;
-      const float inv = lt > 0.0f ? a.o_mul / lt : 0.0f;
-      const float lse = lt > 0.0f ? (m[hf] + log2f(lt)) * KVA_MLA_LN2 : -INFINITY;
-      if (nsplit == 1) {
-        const size_t orow = (size_t)(tok0 + t) * a.hq + h;
-        uint32_t *dst = (uint32_t *)((uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg);
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-          for (int j = 0; j < 16; j++)
-            dst[(128 * hh + 8 * j + 2 * tq) / 2] =
-                mla_pack<QT>(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-        if (a.lse && wg == 0 && tq == 0) a.lse[orow] = lse;
-      } else {
-        const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
-        float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-          for (int j = 0; j < 16; j++)
-            *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
-                make_float2(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-        if (wg == 0 && tq == 0) a.part_lse[prow] = lse;
-      }
-    }
+    for (int hf = 0; hf < 2; hf++) lt[hf] = l[hf] + sl[(wg ^ 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
+    mla_store_rows<QT>(a, o, lt, m, r, split, nsplit, nt, tok0, row0, rows, wg, wq, g, tq);
     if (nsplit > 1) {
       /* Count this chunk (split_merge.cuh); the chunk that completes the
        * count merges all of them. */
@@ -491,13 +465,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         trace_merges++;
         KVA_TRACE_STAMP(5, kva_globaltimer());
         KVA_TRACE_STAMP(6, kva_globaltimer());
-        const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
         /* the stages are free until the next request's loads */
-        if ((size_t)rows_here * (nsplit + 1) * 4 <= (size_t)(2 * TILE))
-          mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid,
-                                 (float *)(p_q + KVA_MLA_QTILE));
-        else
-          mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+        mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid,
+                           (float *)(p_q + KVA_MLA_QTILE), (size_t)(2 * TILE));
         KVA_TRACE_STAMP(7, kva_globaltimer());
       }
     }
