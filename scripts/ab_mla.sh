@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of the MLA kernels on FlashMLA's table rows, interleaved in one call:
-#   [KVA_AB="v2 v4"] bash scripts/ab_mla.sh [repeats]
-# KVA_AB: KVA_MLA_KERNEL values (default "v2 v4"; v4 runs 16-bit latents
+#   [KVA_AB="v2 v5"] bash scripts/ab_mla.sh [repeats]
+# KVA_AB: KVA_MLA_KERNEL values (default "v2 v5"; v5 runs 16-bit latents
 # only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path ..." (each
 # run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default}). AB_SHAPES: a file of
 # bench arguments, one shape per line (default: the table's rows).
@@ -14,7 +14,7 @@ shapes() {
     echo "--batch 128 --ctx 4096,8192 $cfg"
   done
 }
-variants=${KVA_AB_BINS:-${KVA_AB:-v2 v4}}
+variants=${KVA_AB_BINS:-${KVA_AB:-v2 v5}}
 for rep in $(seq "$n"); do
   for v in $variants; do
     if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}

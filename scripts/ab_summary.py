@@ -1,6 +1,6 @@
 """Table of an A/B script (scripts/ab_decode.sh, ab_fp8.sh, ab_mla.sh, ab_prefill.sh) from
 the `kvattn bench --json` lines on stdin, each tagged by the script with
-"bin" (the build's file name) or, for MLA, "kernel" (v2/v4, or the A/B name):
+"bin" (the build's file name) or, for MLA, "kernel" (v2/v5, or the A/B name):
     ... | python3 scripts/ab_summary.py decode|fp8|mla
 decode: every sample per row, sorted (the spread shows what a difference
 is worth); fp8: median fp8 vs bf16 time per build and shape; mla: median

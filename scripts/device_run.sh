@@ -50,7 +50,7 @@ if has sanitize; then
     rc=$?
     note "compute-sanitizer $tool (TMA prefill): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/san_ext_$tool.log" | tail -1)"
   done
-  for v in v2 v4; do # each MLA kernel on every case (the default picks by rows)
+  for v in v2 v5; do # each MLA kernel on every case (the default picks by rows)
     for tool in memcheck racecheck synccheck; do
       KVA_MLA_KERNEL=$v timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_${v}_$tool.log" 2>&1
       rc=$?
@@ -68,7 +68,7 @@ if has test; then
     note "$(basename "$t"): rc=$rc $(tail -1 "$OUT/$(basename "$t").log")"
   done
   if [ -x "$BIN/test_cuda_mla" ]; then
-    for v in v2 v4; do # each MLA kernel on every shape
+    for v in v2 v5; do # each MLA kernel on every shape
       KVA_MLA_KERNEL=$v timeout 300 "$BIN/test_cuda_mla" >"$OUT/test_cuda_mla_$v.log" 2>&1
       note "test_cuda_mla (KVA_MLA_KERNEL=$v): rc=$? $(tail -1 "$OUT/test_cuda_mla_$v.log")"
     done

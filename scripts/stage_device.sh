@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Build the CUDA configuration here and stage the binaries the device needs in
 # .dist/ (git-ignored), to be named in the device tool's `carry`.
-#   bash scripts/stage_device.sh [trace]
+#   bash scripts/stage_device.sh [trace|mlatrace]
 # trace: also a CLI built with -DKVA_EXT_TRACE (build-trace/) as
-# .dist/kvattn_trace, for scripts/trace_prefill.sh.
+# .dist/kvattn_trace, for scripts/trace_prefill.sh; mlatrace: one built with
+# -DKVA_MLA_TRACE (build-mlatrace/) as .dist/kvattn_mlatrace, for
+# scripts/mla_trace.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
@@ -27,5 +29,11 @@ if [ "${1:-}" = trace ]; then
     -DCMAKE_CUDA_FLAGS=-DKVA_EXT_TRACE >/dev/null
   cmake --build build-trace --target kvattn_cli >/dev/null
   cp build-trace/kvattn .dist/kvattn_trace
+fi
+if [ "${1:-}" = mlatrace ]; then
+  cmake -S . -B build-mlatrace -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
+    -DCMAKE_CUDA_FLAGS=-DKVA_MLA_TRACE >/dev/null
+  cmake --build build-mlatrace --target kvattn_cli >/dev/null
+  cp build-mlatrace/kvattn .dist/kvattn_mlatrace
 fi
 du -sh .dist

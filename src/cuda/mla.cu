@@ -2,33 +2,37 @@
  * kernel, which also merges the chunks of split requests; f32 Q/O, Q of
  * another 16-bit type than the pool, or unaligned Q/O run on the CUDA-core
  * kernel (simple_attention.cu). Two wgmma kernels: v2 (mla_kernel.cuh;
- * 32-key tiles, S split between the warpgroups; fp8 latents too) and v4
- * (mla_kernel_v4.cuh; 64-key blocks in pairs, FlashMLA's seesaw; 16-bit
- * latents). v4 runs batches of >= 128 rows (q heads x new tokens: the
- * compute-bound ones, where it measured 10-20% faster), v2 the rest (v4 was
- * 1-4% slower there); KVA_MLA_KERNEL=v2|v4 forces one (A/B). Launch shapes
- * come from plan capacities only (max_q_tokens, num_workers), never from
- * the batch, so the same launch replays under CUDA graphs (the kernel
- * choice is the captured batch's). */
+ * 32-key tiles, S split between the warpgroups; fp8 latents too) and v5
+ * (mla_kernel_v5.cuh; 64-key blocks in pairs, FlashMLA's seesaw in its
+ * order; 16-bit latents; TMA loads on pools of whole 64-key pages). v5
+ * runs batches of >= 128 rows (q heads x new tokens: the compute-bound
+ * ones, where it measured 15-30% faster than v2), v2 the rest (the two
+ * within 1% there); KVA_MLA_KERNEL=v2|v5 forces one and KVA_MLA_TMA=0
+ * keeps v5 on cp.async (A/B). Launch shapes come from plan capacities only
+ * (max_q_tokens, num_workers), never from the batch, so the same launch
+ * replays under CUDA graphs (the kernel choice is the captured batch's). */
 #include <string.h>
 
 #include <stdlib.h>
 
 #include "cuda/mla_kernel.cuh"
-#include "cuda/mla_kernel_v4.cuh"
+#include "cuda/mla_kernel_v5.cuh"
 
-/* ver: 2 or 4 (4: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2 or 5 (5: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
                              cudaStream_t s) {
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v4[KVA_CUDA_OPTIN_DEVICES]; /* per kernel */
+  /* per kernel */
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v5[2][KVA_CUDA_OPTIN_DEVICES];
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
-  if (ver == 4 && !KV8) {
-    smem = KVA_MLA4_SMEM;
-    fn = kva_mla_kernel_v4<QT>;
-    optin = optin_v4;
+  if (ver == 5 && !KV8) {
+    /* a variant with the TMA path (pools of whole 64-key pages), one
+     * without: the cp.async-only kernel keeps its own schedule */
+    smem = KVA_MLA5_SMEM;
+    fn = a->kv_tma ? kva_mla_kernel_v5<QT, 1> : kva_mla_kernel_v5<QT, 0>;
+    optin = optin_v5[a->kv_tma != 0];
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
@@ -47,17 +51,27 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
              : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v2|v4 forces a kernel (A/B); 0 = by the batch's rows. */
+/* KVA_MLA_KERNEL=v2|v5 forces a kernel (A/B); 0 = by the batch's rows. */
 static int mla_kernel_forced(void) {
   static int v = -1; /* read once: launches are replayed under CUDA graphs */
   if (v < 0) {
     const char *env = getenv("KVA_MLA_KERNEL");
     v = env == NULL                 ? 0
         : strcmp(env, "v2") == 0 ? 2
-        : strcmp(env, "v4") == 0 ? 4
+        : strcmp(env, "v5") == 0 ? 5
                                  : 0;
   }
   return v;
+}
+
+/* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
+static int mla_tma_enabled(void) {
+  static int t = -1; /* read once, as above */
+  if (t < 0) {
+    const char *env = getenv("KVA_MLA_TMA");
+    t = env == NULL || strcmp(env, "0") != 0;
+  }
+  return t;
 }
 
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
@@ -111,10 +125,23 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   int ver = mla_kernel_forced();
   if (ver == 0) {
     const int q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
-    ver = hq * q >= 2 * KVA_MLA_BM ? 4 : 2;
+    ver = hq * q >= 2 * KVA_MLA_BM ? 5 : 2;
   }
-  if (ver == 4 && (kv8 || KVA_MLA4_SMEM > cs->max_smem_optin)) ver = 2;
+  if (ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ver = 2;
+  /* v5's TMA boxes of 64 keys need pages of whole 64-key runs; a driver
+   * without tensor-map encoding keeps cp.async */
+  a.kv_tma = ver == 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
+  if (a.kv_tma) {
+    const uint64_t dims[3] = {KVA_MLA_D, 1, (uint64_t)pc->num_pages * (uint64_t)pc->page_size};
+    const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
+    const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
+    a.kv_tma = kva_tma_encode_16bit_3d(&a.kv_map, pool->k[layer], dims, strides, box) == KVA_OK;
+  }
+#ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
+  a.trace = kva_trace_next(2LL * plan->cfg.num_workers * tiles);
+#else
   a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
+#endif
   return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
                         cs->stream);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cuda/cuda_internal.h"
+#include "cuda/tma.h"
 #include "cuda/trace.h"
 
 #ifdef __cplusplus
@@ -34,17 +35,21 @@ extern "C" {
 #define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
 #define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */
 
-/* v4 (mla_kernel_v4.cuh, 16-bit latents only): 64-key blocks in pairs,
+/* v5 (mla_kernel_v5.cuh, 16-bit latents only): 64-key blocks in pairs,
  * two stages of [9][64 rows][128 B] (P1 over stage 1's rope columns), P0
  * ([64][128 B]), per-row factor and max of each warpgroup, the two row
  * sums, 19 mbarriers (Q; stage x 9 column blocks) and a flag. */
-#define KVA_MLA4_BN 64
-#define KVA_MLA4_TILE (KVA_MLA_D / 64 * KVA_MLA4_BN * 128) /* 73728 */
-#define KVA_MLA4_P (KVA_MLA_BM * 128)                     /* 8192 */
-#define KVA_MLA4_STATS (6 * KVA_MLA_BM * 4)               /* c0, m0, c1, m1, l[2]: 1536 */
-#define KVA_MLA4_BARS 160
-#define KVA_MLA4_SMEM \
-  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA4_TILE + KVA_MLA4_P + KVA_MLA4_STATS + KVA_MLA4_BARS) /* 232096 */
+#define KVA_MLA5_BN 64
+#define KVA_MLA5_TILE (KVA_MLA_D / 64 * KVA_MLA5_BN * 128) /* 73728 */
+#define KVA_MLA5_P (KVA_MLA_BM * 128)                     /* 8192 */
+#define KVA_MLA5_STATS (6 * KVA_MLA_BM * 4)               /* c0, m0, c1, m1, l[2]: 1536 */
+#ifdef KVA_MLA_TRACE /* + the phase sums, 2 x 12 words */
+#define KVA_MLA5_BARS 256
+#else
+#define KVA_MLA5_BARS 160
+#endif
+#define KVA_MLA5_SMEM \
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA5_P + KVA_MLA5_STATS + KVA_MLA5_BARS) /* 232096 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
@@ -65,6 +70,11 @@ typedef struct kva_mla_args {
   float qk_mul; /* log2(e) sm_scale k_scale */
   float o_mul;  /* k_scale for fp8 pools (V is the same latent), else 1 */
   int causal;
+  /* v5: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
+   * page and ends at or before the chunk's end as TMA boxes of kv_map
+   * ([slots][576], 64 columns x 64 keys a box), not the threads' cp.async */
+  int kv_tma;
+  CUtensorMap kv_map;
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:

@@ -367,6 +367,10 @@ static __device__ __forceinline__ void kva_mbar_init(uint32_t bar, uint32_t coun
 static __device__ __forceinline__ void kva_mbar_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
+/* `count` arrivals at once (sm_90): one thread stands for many. */
+static __device__ __forceinline__ void kva_mbar_arrive_cnt(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
 /* Same when pred != 0 (predicated, no branch: usable while wgmmas are in
  * flight without breaking ptxas's wgmma pipeline analysis). */
 static __device__ __forceinline__ void kva_mbar_arrive_if(uint32_t bar, int pred) {

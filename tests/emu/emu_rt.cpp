@@ -392,6 +392,12 @@ static void tma_land(size_t i) {
   mbar_complete_tx(op.bar, (long)m.box[0] * m.box[1] * m.box[2] * 2);
 }
 void kva_mbar_arrive(uint32_t bar) { mbar_arrive_at(bar); }
+void kva_mbar_arrive_cnt(uint32_t bar, uint32_t count) {
+  MBar &b = mbar_of(bar);
+  if (count < 1 || b.pending < (int)count) { fprintf(stderr, "mbarrier %u: %u arrivals past its count\n", bar, count); abort(); }
+  b.pending -= (int)count;
+  mbar_complete_if_done(b);
+}
 static int mbar_done(uint32_t bar, uint32_t parity) {
   /* the phase of this parity completed: the current phase has the other one */
   return (mbar_of(bar).phase & 1u) != (parity & 1u);

@@ -3,20 +3,20 @@
  * h_q, 1..8 new tokens per request, varlen, page sizes, bf16/f16/fp8
  * latents, forced splits. */
 #include "emu_common.h"
-#include "cuda/mla_kernel_v4.cuh"
+#include "cuda/mla_kernel_v5.cuh"
 #include <algorithm>
 #include <vector>
 
 static kva_mla_args g_args;
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v4: the kernel (default v2); v4
+/* EMU_MLA_KERNEL=v2|v5: the kernel (default v2); v5
  * runs 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
 static int g_ver = 2, g_run_ver = 2;
 template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
-  if (g_run_ver == 4 && !KV8)
-    kva_mla_kernel_v4<QT>(g_args);
+  if (g_run_ver == 5 && !KV8)
+    g_args.kv_tma ? kva_mla_kernel_v5<QT, 1>(g_args) : kva_mla_kernel_v5<QT, 0>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -54,12 +54,20 @@ static int run_case(const Case &c, int idx) {
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks;
   a.causal = c.causal;
+  g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
+  /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on */
+  a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
+  if (a.kv_tma) {
+    const uint64_t dims[3] = {KVA_MLA_D, 1, (uint64_t)l.num_pages * c.ps};
+    const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
+    const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
+    kva_tma_encode_16bit_3d(&a.kv_map, e.k, dims, strides, box);
+  }
 
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  g_run_ver = g_ver == 4 && c.kv8 ? 2 : g_ver;
-  emu_smem_limit = g_run_ver == 4 ? KVA_MLA4_SMEM : KVA_MLA_SMEM(c.kv8);
+  emu_smem_limit = g_run_ver == 5 ? KVA_MLA5_SMEM : KVA_MLA_SMEM(c.kv8);
   for (int y = 0; y < tiles; y++) {
     g_y = (unsigned)y;
     emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
@@ -79,8 +87,8 @@ static int run_case(const Case &c, int idx) {
                                            c.causal, -1, sm, 0.f, s.data(), ref.data());
         emu_check_row(ck, r, t, h, e.o + row * DV, c.qt, ref.data(), DV, e.lse[row], ref_lse);
       }
-  printf("case %3d v%d %s%s ps%-3d hq%-3d B%d maxk%-4d tiles%d causal%d W%-2d blk%-3d splits%-3d",
-         idx, g_run_ver, c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, l.maxk, tiles,
+  printf("case %3d v%d%s %s%s ps%-3d hq%-3d B%d maxk%-4d tiles%d causal%d W%-2d blk%-3d splits%-3d",
+         idx, g_run_ver, a.kv_tma ? "+tma" : "", c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, l.maxk, tiles,
          c.causal, c.workers, c.block, sp.nsplits);
   const int failed = emu_check_end(ck);
   fflush(stdout);
@@ -89,7 +97,7 @@ static int run_case(const Case &c, int idx) {
 
 int main(int argc, char **argv) {
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
-  if (g_ver != 2 && g_ver != 4) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v4\n"); return 2; }
+  if (g_ver != 2 && g_ver != 5) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v5\n"); return 2; }
   printf("kernel v%d\n", g_ver);
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;

@@ -32,6 +32,7 @@ void kva_fence_proxy_async_smem(void);
  * later, then arrive), named barriers with thread counts, setmaxnreg */
 void kva_mbar_init(uint32_t bar, uint32_t count);
 void kva_mbar_arrive(uint32_t bar);
+void kva_mbar_arrive_cnt(uint32_t bar, uint32_t count);
 static inline void kva_mbar_arrive_if(uint32_t bar, int pred) { if (pred) kva_mbar_arrive(bar); }
 void kva_mbar_wait(uint32_t bar, uint32_t parity);
 void kva_cp_async_mbar_arrive_noinc(uint32_t bar);

@@ -1,0 +1,43 @@
+#!/usr/bin/env python3
+"""Phase sums of MLA kernel v5 (a build with -DKVA_MLA_TRACE; words in
+src/cuda/mla_kernel_v5.cuh) from `KVA_DEC_TRACE=FILE kvattn bench --device
+cuda --mode mla ...`, per warpgroup, averaged over the CTAs of the last
+launch: per pair of 64-key blocks, in cycles, and the share of the key
+loop each phase takes.
+    python3 scripts/mla_trace.py FILE [label]"""
+import sys
+
+recs = {}
+for line in open(sys.argv[1]):
+    if line.startswith("#"):
+        continue
+    f = [int(x) for x in line.split()]
+    if f[0] == 1:  # the last launch
+        recs[f[1]] = f[2:]
+label = sys.argv[2] if len(sys.argv) > 2 else ""
+if not recs:
+    print(label, "no trace rows (not a KVA_MLA_TRACE build?)")
+    sys.exit(0)
+n = max(recs) + 1
+half = (n + 1) // 2  # warpgroup 1 writes record CTAs + cta
+names = [(1, "S data"), (2, "S wait"), (3, "softmax"), (4, "handover"), (5, "PV wait"),
+         (8, "refill")]
+for wg in (0, 1):
+    rows = [recs[c] for c in recs if (c >= half) == (wg == 1)]
+    if not rows:
+        continue
+    pairs = sum(r[7] for r in rows)
+    loop = sum(r[10] for r in rows)
+    cyc = sum(r[9] for r in rows)
+    ns = sum(r[6] - r[0] for r in rows)
+    ghz = cyc / ns if ns else 1.0
+    epi = sum(r[11] for r in rows)
+    if wg == 0:
+        print("%s ctas %d %.2f GHz pairs/cta %.1f loop %.0f%% of cycles, epilogue %.0f%%" %
+              (label, len(rows), ghz, pairs / len(rows), 100.0 * loop / max(cyc, 1),
+               100.0 * epi / max(cyc, 1)))
+    per = lambda w: sum(r[w] for r in rows) / max(pairs, 1)
+    parts = " ".join("%s %.0f" % (nm, per(w)) for w, nm in names)
+    acc = sum(per(w) for w, _ in names)
+    print("%s wg%d cycles/pair %.0f: %s | other %.0f" % (label, wg, loop / max(pairs, 1), parts,
+                                                        loop / max(pairs, 1) - acc))
