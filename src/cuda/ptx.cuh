@@ -449,10 +449,10 @@ static __device__ __forceinline__ void kva_setmaxnreg_dec(void) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-/* ---- MLA v4 (mla_kernel_v4.cuh) ------------------------------------------ */
+/* ---- MLA v5 (mla_kernel_v5.cuh) ------------------------------------------ */
 
 /* D += A (64x16, smem descriptor, K-major) * B (16x128, smem descriptor,
- * MN-major: transposed); MLA v4's P V with P shared through smem. */
+ * MN-major: transposed); MLA v5's P V with P shared through smem. */
 static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_bf16_tb(float d[64], uint64_t desc_a,
                                                                        uint64_t desc_b) {
   asm volatile(
