@@ -8,20 +8,15 @@ microseconds at the clock the cycle counts imply.
     python3 scripts/ext_trace.py FILE [label]"""
 import sys
 
-recs = {}
-for line in open(sys.argv[1]):
-    if line.startswith("#"):
-        continue
-    f = [int(x) for x in line.split()]
-    if f[0] == 1:  # the last launch
-        recs[f[1]] = f[2:]
+from trace_records import last_launch_halves
+
+halves = last_launch_halves(sys.argv[1])  # consumer 1 writes record grid + cta
 label = sys.argv[2] if len(sys.argv) > 2 else ""
-if not recs:
+if not halves[0]:
     print(label, "no trace rows (not a KVA_EXT_TRACE build?)")
     sys.exit(0)
-grid = len(recs) // 2  # consumer 1 writes record grid + cta
 for cw in (0, 1):
-    rows = [recs[c] for c in recs if (c >= grid) == (cw == 1)]
+    rows = halves[cw]
     items = sum(r[7] for r in rows)
     tiles = sum(r[8] for r in rows)
     cyc = sum(r[9] for r in rows)

@@ -7,23 +7,17 @@ loop each phase takes.
     python3 scripts/mla_trace.py FILE [label]"""
 import sys
 
-recs = {}
-for line in open(sys.argv[1]):
-    if line.startswith("#"):
-        continue
-    f = [int(x) for x in line.split()]
-    if f[0] == 1:  # the last launch
-        recs[f[1]] = f[2:]
+from trace_records import last_launch_halves
+
+halves = last_launch_halves(sys.argv[1])  # warpgroup 1 writes record CTAs + cta
 label = sys.argv[2] if len(sys.argv) > 2 else ""
-if not recs:
+if not halves[0]:
     print(label, "no trace rows (not a KVA_MLA_TRACE build?)")
     sys.exit(0)
-n = max(recs) + 1
-half = (n + 1) // 2  # warpgroup 1 writes record CTAs + cta
 names = [(1, "S data"), (2, "S wait"), (3, "softmax"), (4, "handover"), (5, "PV wait"),
          (8, "refill")]
 for wg in (0, 1):
-    rows = [recs[c] for c in recs if (c >= half) == (wg == 1)]
+    rows = halves[wg]
     if not rows:
         continue
     pairs = sum(r[7] for r in rows)

@@ -1,0 +1,21 @@
+"""Records of the last launch in a `KVA_DEC_TRACE` file written by a
+phase-trace build (tools/dec_trace.c), split into the two per-CTA halves:
+a kernel whose two warpgroups each write one record puts the second one's
+at (CTAs + cta). A CTA writes both or neither, so the lower half of the
+sorted record indices is the first warpgroup's, whatever CTAs exited early.
+Shared by ext_trace.py and mla_trace.py."""
+
+
+def last_launch_halves(path):
+    """(first warpgroup's records, second's), each a list of word lists;
+    both empty when the file has no records."""
+    recs = {}
+    for line in open(path):
+        if line.startswith("#"):
+            continue
+        f = [int(x) for x in line.split()]
+        if f[0] == 1:  # the last launch
+            recs[f[1]] = f[2:]
+    keys = sorted(recs)
+    half = len(keys) // 2
+    return [recs[c] for c in keys[:half]], [recs[c] for c in keys[half:]]
