@@ -159,6 +159,11 @@ struct kva_backend {
    * ctx->default_split_block). A block that is a whole number of the
    * kernel's key tiles keeps chunk edges off partial tiles. */
   int (*default_split_block)(const kva_context *ctx, const kva_pool *pool);
+  /* Blocks of `block` tokens a split-KV worker may take past its share to
+   * keep a request of max_q_len new tokens whole: what a cut costs the
+   * kernel beyond a chunk's overhead (its merge). NULL: 0. */
+  int (*split_slack)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                     int max_q_len, int block);
 
   /* Plan hooks: create backend-side buffers; publish a freshly planned batch
    * (CUDA: async upload on the stream); free. */
@@ -194,10 +199,12 @@ const kva_backend *kva_cuda_backend_get(void);
 
 /* Balanced split-KV schedule over num_requests requests of kv_len[r] tokens
  * with q_len[r] query rows each (cost of a block grows with q rows), cut in
- * blocks of `block` tokens, over num_workers workers. Writes work[num_workers]
- * and split_indptr[num_requests + 1]; returns total splits. */
+ * blocks of `block` tokens, over num_workers workers; a worker may take up
+ * to `slack` blocks more than its share to keep a request whole (uncut).
+ * Writes work[num_workers] and split_indptr[num_requests + 1]; returns
+ * total splits. */
 int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q_len, int block,
-                       int num_workers, kva_split_work *work, int32_t *split_indptr);
+                       int num_workers, int slack, kva_split_work *work, int32_t *split_indptr);
 /* Requests with kv_len[r] == 0 are skipped: zero splits, no cost. */
 
 #ifdef __cplusplus

@@ -305,8 +305,14 @@ static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const in
     if (bw >= 1 && bw < w) w = bw;
   }
   *workers = w; /* <= cfg.num_workers */
-  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, pi->tmp_sched,
-                                pi->tmp_indptr);
+  /* Slack only with the backend's own worker count: an explicit count gets
+   * the exact balanced schedule (tests set one to force cuts). */
+  const int slack = pi->auto_workers && be->split_slack && max_dq > 0
+                        ? be->split_slack(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq,
+                                          p->cfg.split_block)
+                        : 0;
+  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, slack,
+                                pi->tmp_sched, pi->tmp_indptr);
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
     pi->tmp_row_offset[i] = (int32_t)(rows <= INT32_MAX ? rows : INT32_MAX);

@@ -13,6 +13,14 @@
  * short requests whole and only splits where a long request would leave
  * workers idle. (FlashMLA uses 5 with 64-token blocks on wider machines.)
  *
+ * Slack: a worker may run up to `slack` blocks past its payload to keep a
+ * request whole. A cut costs more than the overhead of one chunk: the
+ * chunks' partial rows are written and read back by the merge, which grows
+ * with the request's query rows x value dims (MLA at 64 rows: ~5 blocks of
+ * streaming time). Without slack a batch of equal requests that nearly fits
+ * one per worker (128 x 8192 keys on 132 workers) had every request cut one
+ * block short, and paid 128 merges to save one block each.
+ *
  * q_len is ignored: decode is memory bound (every query row of a request
  * reuses the same KV block), so a block costs about the same for 1..8 rows.
  *
@@ -20,16 +28,18 @@
  * before a request that does not fit (and cannot be cut) has at most
  * `overhead` left. With c cuts the work is T + c*overhead, and N busy workers
  * spend at least c*payload + (N-c)*(payload-overhead) >= T + c*overhead, so
- * the walk always finishes within N workers. Each worker spends at most
- * `payload` (chunk blocks + overhead per chunk): the load-balance bound. */
+ * the walk always finishes within N workers (taking more than that only
+ * leaves less for the rest). Each worker spends at most `payload + slack`
+ * (chunk blocks + overhead per chunk): the load-balance bound. */
 #include "core/internal.h"
 
 #define KVA_SPLIT_OVERHEAD 2
 
 int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q_len, int block,
-                       int num_workers, kva_split_work *work, int32_t *split_indptr) {
+                       int num_workers, int slack, kva_split_work *work, int32_t *split_indptr) {
   (void)q_len;
   if (block < 1) block = 1;
+  if (slack < 0) slack = 0;
   if (num_requests < 0) num_requests = 0;
   if (split_indptr) split_indptr[0] = 0;
   if (num_workers < 1 || !work || !split_indptr || (num_requests > 0 && !kv_len)) {
@@ -70,7 +80,7 @@ int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q
     while (idx < num_requests) {
       int64_t nblk = ((int64_t)kv_len[idx] + block - 1) / block;
       int64_t left = nblk - blk;
-      if (remain >= left + o) { /* the rest of idx fits */
+      if (remain + slack >= left + o) { /* the rest of idx fits (with the slack) */
         remain -= left + o;
         last = idx;
         last_end = kv_len[idx];

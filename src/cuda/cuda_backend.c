@@ -129,6 +129,15 @@ static int cuda_default_split_block(const kva_context *ctx, const kva_pool *pool
   return KVA_DEC_BK(pool->cfg.kv_dtype == KVA_FP8_E4M3);
 }
 
+/* Only MLA's merge is costly enough to be worth slack (512-dim rows);
+ * decode's schedule stays exactly balanced. */
+static int cuda_split_slack(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                            int max_q_len, int block) {
+  (void)ctx;
+  if (pool->cfg.layout != KVA_LAYOUT_MLA) return 0;
+  return kva_cuda_mla_split_slack(num_qo_heads, max_q_len, block);
+}
+
 /* Runs of consecutive src and dst slots (a fork copies a page prefix) move
  * in one stream-ordered copy per layer and buffer. */
 static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src, const int32_t *dst) {
@@ -192,6 +201,7 @@ static const kva_backend cuda_backend = {
     .set_stream = cuda_set_stream,
     .default_workers = cuda_default_workers,
     .default_split_block = cuda_default_split_block,
+    .split_slack = cuda_split_slack,
     .plan_init = kva_cuda_plan_init,
     .plan_upload = kva_cuda_plan_upload,
     .plan_free = kva_cuda_plan_free,

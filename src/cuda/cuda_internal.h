@@ -182,6 +182,8 @@ kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int laye
                                   float *lse, kva_dtype dtype);
 /* Row tiles (grid.y) of the MLA kernel at these plan capacities. */
 int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
+/* Blocks past a worker's share that keep an MLA request whole (split_slack). */
+int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);
 kva_status kva_cuda_extend_plan(kva_plan *plan);  /* called from plan_upload */

@@ -80,6 +80,27 @@ extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
   return (num_qo_heads * max_q + KVA_MLA_BM - 1) / KVA_MLA_BM;
 }
 
+/* Split-schedule slack for MLA (the backend's split_slack): a cut makes
+ * one more chunk whose 512-dim f32 partial rows (one row tile's worth, at
+ * most 64 rows) are written and read back by the merge; that is about
+ * rows x 512 x 4 x 3 bytes against a block of 16-bit latents (measured,
+ * H100 h64: partial write ~3 us + merge ~13 us, 5 blocks of streaming).
+ * KVA_MLA_SLACK=N overrides (A/B; read once). */
+extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block) {
+  static int forced = -2;
+  if (forced == -2) {
+    const char *env = getenv("KVA_MLA_SLACK");
+    forced = env ? atoi(env) : -1;
+  }
+  if (forced >= 0) return forced;
+  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
+  int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
+  const int64_t merge = rows * KVA_MLA_DV * 4 * 3, blk = (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
+  const int64_t slack = (merge + blk - 1) / blk;
+  return (int)(slack < 8 ? slack : 8);
+}
+
 extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                              const kva_attn_params *params, const void *q,
                                              void *o, float *lse, kva_dtype dtype) {

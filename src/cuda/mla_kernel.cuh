@@ -257,34 +257,59 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
   }
 }
 
-/* O (single-chunk request) or the partial row and its LSE, for this
- * thread's two rows of the row tile (16 wq + g + 8 hf) and O's columns
- * 256 wg .. 256 wg + 255, straight from the accumulators; lt: the rows'
- * full sums, m: their maxima (base 2). */
+/* Per row of this thread (16 wq + g + 8 hf): the factor from its
+ * accumulators to O (o_mul / the row's full sum) and its LSE (natural
+ * log), from the full sums lt and maxima m (base 2). */
+static __device__ __forceinline__ void mla_row_scale(const kva_mla_args &a, const float lt[2],
+                                                     const float m[2], float inv[2],
+                                                     float lse[2]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    inv[hf] = lt[hf] > 0.0f ? a.o_mul / lt[hf] : 0.0f;
+    lse[hf] = lt[hf] > 0.0f ? (m[hf] + log2f(lt[hf])) * KVA_MLA_LN2 : -INFINITY;
+  }
+}
+
+/* O (whole: a single-chunk request) or chunk `split`'s
+ * partial row and its LSE, for this thread's two rows of the row tile
+ * (16 wq + g + 8 hf) and O's columns 256 wg .. 256 wg + 255, straight from
+ * the accumulators times inv. */
 template <int QT>
 static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, const float o[2][64],
-                                                      const float lt[2], const float m[2], int r,
-                                                      int split, int nsplit, int nt, int tok0,
-                                                      int row0, int rows, int wg, int wq, int g,
-                                                      int tq) {
+                                                      const float inv[2], const float lse[2],
+                                                      int r, int split, int whole, int nt,
+                                                      int tok0, int row0, int rows, int wg,
+                                                      int wq, int g, int tq) {
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
     const int grow = row0 + 16 * wq + g + 8 * hf;
-    if (grow >= rows) continue;
+    const bool live = grow < rows; /* same for lanes tq and tq ^ 1 (same g) */
     const int t = grow / a.hq, h = grow - t * a.hq;
-    const float inv = lt[hf] > 0.0f ? a.o_mul / lt[hf] : 0.0f;
-    const float lse = lt[hf] > 0.0f ? (m[hf] + log2f(lt[hf])) * KVA_MLA_LN2 : -INFINITY;
-    if (nsplit == 1) {
+    if (whole) {
+      /* Each store a whole 32-byte sector per row: the four tq lanes hold
+       * 16 bytes of columns 8j..8j+7, so lanes tq and tq ^ 1 swap halves of
+       * the pair j = 2jp, 2jp + 1 and each stores 8 contiguous bytes.
+       * (16-byte pieces took ~7 us for a 64-row tile's O on the H100, under
+       * the other SMs' streaming; 32-byte ones ~4 points of copy rate less
+       * on h64 rows.) */
       const size_t orow = (size_t)(tok0 + t) * a.hq + h;
-      uint32_t *dst = (uint32_t *)((uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg);
+      uint16_t *dst = (uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg;
+      const int odd = tq & 1, col = 8 * odd + 2 * (tq & 2);
 #pragma unroll
       for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-        for (int j = 0; j < 16; j++)
-          dst[(128 * hh + 8 * j + 2 * tq) / 2] =
-              mla_pack<QT>(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-      if (a.lse && wg == 0 && tq == 0) a.lse[orow] = lse;
-    } else {
+        for (int jp = 0; jp < 8; jp++) {
+          const uint32_t e = mla_pack<QT>(o[hh][8 * jp + 2 * hf] * inv[hf],
+                                          o[hh][8 * jp + 2 * hf + 1] * inv[hf]); /* j = 2jp */
+          const uint32_t d = mla_pack<QT>(o[hh][8 * jp + 4 + 2 * hf] * inv[hf],
+                                          o[hh][8 * jp + 4 + 2 * hf + 1] * inv[hf]); /* 2jp+1 */
+          const uint32_t got = (uint32_t)__shfl_xor_sync(0xffffffffu, (int)(odd ? e : d), 1);
+          if (live)
+            *(uint2 *)(dst + 128 * hh + 16 * jp + col) =
+                odd ? make_uint2(got, d) : make_uint2(e, got);
+        }
+      if (live && a.lse && wg == 0 && tq == 0) a.lse[orow] = lse[hf];
+    } else if (live) {
       const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
       float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
 #pragma unroll
@@ -292,8 +317,8 @@ static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, con
 #pragma unroll
         for (int j = 0; j < 16; j++)
           *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
-              make_float2(o[hh][4 * j + 2 * hf] * inv, o[hh][4 * j + 2 * hf + 1] * inv);
-      if (wg == 0 && tq == 0) a.part_lse[prow] = lse;
+              make_float2(o[hh][4 * j + 2 * hf] * inv[hf], o[hh][4 * j + 2 * hf + 1] * inv[hf]);
+      if (wg == 0 && tq == 0) a.part_lse[prow] = lse[hf];
     }
   }
 }
@@ -311,6 +336,39 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
     mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch);
   else
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
+}
+
+/* The end of a chunk in both kernels, after the row sums lt (maxima m):
+ * O, or this chunk's partial rows and its count, and the merge by the
+ * chunk that completes the request. flag: an int of smem, free until the
+ * caller's next __syncthreads; scratch: free smem for the merge's weights.
+ * Stamps 4-7 of the decode timeline when STAMPS. Returns 1 if this CTA
+ * merged. */
+template <int QT, bool STAMPS>
+static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, const float o[2][64],
+                                                       const float lt[2], const float m[2], int r,
+                                                       int split, int nsplit, int nt, int tok0,
+                                                       int row0, int rows, int tid, int wg, int wq,
+                                                       int g, int tq, volatile int *flag,
+                                                       float *scratch, size_t scratch_bytes) {
+  float inv[2], lse[2];
+  mla_row_scale(a, lt, m, inv, lse);
+  mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1, nt, tok0, row0, rows, wg, wq, g, tq);
+  if (nsplit == 1) return 0;
+  /* Count this chunk (split_merge.cuh); the chunk that completes the count
+   * merges all of them. */
+  __syncthreads(); /* the CTA's partial rows are written */
+  if (STAMPS) KVA_TRACE_STAMP(4, kva_globaltimer());
+  if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
+  __syncthreads();
+  if (!*flag) return 0;
+  if (STAMPS) {
+    KVA_TRACE_STAMP(5, kva_globaltimer());
+    KVA_TRACE_STAMP(6, kva_globaltimer());
+  }
+  mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid, scratch, scratch_bytes);
+  if (STAMPS) KVA_TRACE_STAMP(7, kva_globaltimer());
+  return 1;
 }
 
 /* This warpgroup's half of S = Q K^T (the k-steps of 16 head dims kb with
@@ -629,24 +687,10 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 1);
       lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 2);
     }
-    mla_store_rows<QT>(a, o, lt, m, r, split, nsplit, nt, tok0, row0, rows, wg, wq, g, tq);
-    if (nsplit > 1) {
-      /* Count this chunk (split_merge.cuh); the chunk that completes the
-       * count merges all of them. */
-      __syncthreads(); /* the CTA's partial rows are written */
-      KVA_TRACE_STAMP(4, kva_globaltimer());
-      if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
-      __syncthreads();
-      if (*flag) {
-        trace_merges++;
-        KVA_TRACE_STAMP(5, kva_globaltimer());
-        KVA_TRACE_STAMP(6, kva_globaltimer());
-        /* the ring is free until the next request's prologue */
-        mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid, (float *)p_kv,
-                           (size_t)KVA_MLA_RING(KV8));
-        KVA_TRACE_STAMP(7, kva_globaltimer());
-      }
-    }
+    /* the ring is free until the next request's prologue */
+    trace_merges += mla_finish_chunk<QT, true>(a, o, lt, m, r, split, nsplit, nt, tok0, row0,
+                                               rows, tid, wg, wq, g, tq, flag, (float *)p_kv,
+                                               (size_t)KVA_MLA_RING(KV8));
     __syncthreads(); /* flag read, smem done with before the next request's copies */
   }
   KVA_TRACE_STAMP(8, kva_globaltimer());

@@ -62,12 +62,14 @@
 #define MLA5_STAMP(w, value) \
   do {                       \
   } while (0)
+#define MLA5_STAMPS false
 #define MLA5_TR mla5_tr
 #else
 #define MLA5_TR NULL
 #define MLA5_CLK(v)
 #define MLA5_ACC(w, d)
 #define MLA5_STAMP(w, value) KVA_TRACE_STAMP(w, value)
+#define MLA5_STAMPS true
 #endif
 
 /* S k-step (m64n64k16, Q and K from smem) and P V step with P from smem
@@ -633,24 +635,11 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     float lt[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) lt[hf] = l[hf] + sl[(wg ^ 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
-    mla_store_rows<QT>(a, o, lt, m, r, split, nsplit, nt, tok0, row0, rows, wg, wq, g, tq);
-    if (nsplit > 1) {
-      /* Count this chunk (split_merge.cuh); the chunk that completes the
-       * count merges all of them. */
-      __syncthreads(); /* the CTA's partial rows are written */
-      MLA5_STAMP(4, kva_globaltimer());
-      if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
-      __syncthreads();
-      if (*flag) {
-        trace_merges++;
-        MLA5_STAMP(5, kva_globaltimer());
-        MLA5_STAMP(6, kva_globaltimer());
-        /* the stages are free until the next request's loads */
-        mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid,
-                           (float *)(p_q + KVA_MLA_QTILE), (size_t)(2 * TILE));
-        MLA5_STAMP(7, kva_globaltimer());
-      }
-    }
+    /* the stages are free until the next request's loads */
+    trace_merges += mla_finish_chunk<QT, MLA5_STAMPS>(a, o, lt, m, r, split, nsplit, nt, tok0,
+                                                      row0, rows, tid, wg, wq, g, tq, flag,
+                                                      (float *)(p_q + KVA_MLA_QTILE),
+                                                      (size_t)(2 * TILE));
     /* the merge's scratch in the stages (generic writes) before the next
      * request's TMA writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();

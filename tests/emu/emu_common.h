@@ -146,7 +146,7 @@ static void emu_split(EmuSplit &sp, const EmuLayout &l, const std::vector<int> &
   sp.work.resize(workers);
   sp.indptr.assign(B + 1, 0);
   sp.rowoff.assign(B + 1, 0);
-  sp.nsplits = kva_split_schedule(B, sched_kv, sp.nn.data(), block, workers, sp.work.data(),
+  sp.nsplits = kva_split_schedule(B, sched_kv, sp.nn.data(), block, workers, 0, sp.work.data(),
                                   sp.indptr.data());
   int rows = 0;
   for (int r = 0; r < B; r++) {
