@@ -270,10 +270,10 @@ static __device__ __forceinline__ void mla_row_scale(const kva_mla_args &a, cons
   }
 }
 
-/* O (whole: a single-chunk request) or chunk `split`'s
- * partial row and its LSE, for this thread's two rows of the row tile
- * (16 wq + g + 8 hf) and O's columns 256 wg .. 256 wg + 255, straight from
- * the accumulators times inv. */
+/* O (whole: a single-chunk request) or chunk `split`'s partial row and
+ * its LSE, for this thread's two rows of the row tile (16 wq + g + 8 hf)
+ * and O's columns 256 wg .. 256 wg + 255, straight from the accumulators
+ * times inv. */
 template <int QT>
 static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, const float o[2][64],
                                                       const float inv[2], const float lse[2],
@@ -289,9 +289,9 @@ static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, con
       /* Each store a whole 32-byte sector per row: the four tq lanes hold
        * 16 bytes of columns 8j..8j+7, so lanes tq and tq ^ 1 swap halves of
        * the pair j = 2jp, 2jp + 1 and each stores 8 contiguous bytes.
-       * (16-byte pieces took ~7 us for a 64-row tile's O on the H100, under
-       * the other SMs' streaming; 32-byte ones ~4 points of copy rate less
-       * on h64 rows.) */
+       * (Half sectors took ~7 us for a 64-row tile's O on the H100 while the
+       * other SMs streamed; whole ones gained h64 rows 4 points of copy
+       * rate.) */
       const size_t orow = (size_t)(tok0 + t) * a.hq + h;
       uint16_t *dst = (uint16_t *)a.o + orow * KVA_MLA_DV + 256 * wg;
       const int odd = tq & 1, col = 8 * odd + 2 * (tq & 2);
