@@ -74,6 +74,18 @@ static int mla_tma_enabled(void) {
   return t;
 }
 
+/* kva_mla_args.l2_hints: both (3) unless KVA_MLA_L2=N says otherwise (A/B;
+ * read once). Measured on the H100 (2026-11-22, same call): varlen rows at
+ * 16-32 query rows +2-4 points of copy rate, 64-row varlen rows +0-1. */
+static int mla_l2_hints(void) {
+  static int h = -1;
+  if (h < 0) {
+    const char *env = getenv("KVA_MLA_L2");
+    h = env ? atoi(env) & 3 : 3;
+  }
+  return h;
+}
+
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
 extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
   const int max_q = max_q_tokens < KVA_MAX_DECODE_Q ? max_q_tokens : KVA_MAX_DECODE_Q;
@@ -141,6 +153,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
+  a.l2_hints = mla_l2_hints();
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();

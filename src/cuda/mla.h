@@ -70,6 +70,11 @@ typedef struct kva_mla_args {
   float qk_mul; /* log2(e) sm_scale k_scale */
   float o_mul;  /* k_scale for fp8 pools (V is the same latent), else 1 */
   int causal;
+  /* L2 eviction hints (mla.cu sets both; KVA_MLA_L2 for A/B): bit 0
+   * partial rows stored evict_last and read back by the merge evict_first,
+   * so they stay in L2 between the two; bit 1 16-bit latents read
+   * evict_first (v2), so the stream does not push them out */
+  int l2_hints;
   /* v5: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
    * page and ends at or before the chunk's end as TMA boxes of kv_map
    * ([slots][576], 64 columns x 64 keys a box), not the threads' cp.async */

@@ -67,7 +67,7 @@ static __device__ __forceinline__ int mla_slot(const int32_t *pt, int key, int k
  * thread; fp8: byte tile [32][576], chunks (tid % 8) + 8 i < 36. */
 template <int KV8>
 static __device__ __forceinline__ void mla_issue_row(uint32_t dst, const unsigned char *kv, int slot,
-                                                     int tid) {
+                                                     int tid, uint64_t pol) {
   static_assert(KVA_MLA_BN * 8 == KVA_MLA_THREADS, "one row per 8 threads");
   const int row = tid >> 3;
   const int bytes = slot >= 0 ? 16 : 0;
@@ -83,7 +83,7 @@ static __device__ __forceinline__ void mla_issue_row(uint32_t dst, const unsigne
 #pragma unroll
     for (int i = 0; i < 9; i++) {
       const int c = (tid & 7) + 8 * i;
-      kva_cp_async_16(dst + mla_sw<KVA_MLA_BN>(row, c), src + c * 16, bytes);
+      kva_cp_async_16_hint(dst + mla_sw<KVA_MLA_BN>(row, c), src + c * 16, bytes, pol);
     }
   }
 }
@@ -91,8 +91,9 @@ static __device__ __forceinline__ void mla_issue_row(uint32_t dst, const unsigne
 template <int KV8>
 static __device__ __forceinline__ void mla_issue_kv(uint32_t dst, const unsigned char *kv,
                                                     const int32_t *pt, int kt, int k1,
-                                                    const kva_mla_args &a, int tid) {
-  mla_issue_row<KV8>(dst, kv, mla_slot(pt, kt + (tid >> 3), k1, a), tid);
+                                                    const kva_mla_args &a, int tid,
+                                                    uint64_t pol) {
+  mla_issue_row<KV8>(dst, kv, mla_slot(pt, kt + (tid >> 3), k1, a), tid, pol);
 }
 
 /* cp.async of Q rows row0 .. row0 + 63 of the request (zero past `rows`). */
@@ -213,6 +214,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
   __syncthreads();
   const int n = rows_here * (KVA_MLA_DV / 4);
   const size_t jstride = (size_t)nt * a.hq * KVA_MLA_DV; /* chunk to chunk, floats */
+  const uint64_t pol = (a.l2_hints & 1) ? kva_l2_evict_first() : kva_l2_evict_normal();
   for (int base = tid; base < n; base += KVA_MLA_MERGE_ITEMS * KVA_MLA_THREADS) {
     float4 acc[KVA_MLA_MERGE_ITEMS];
     const float *src[KVA_MLA_MERGE_ITEMS];
@@ -231,7 +233,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
       float4 v[KVA_MLA_MERGE_ITEMS];
 #pragma unroll
       for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++)
-        v[k] = base + k * KVA_MLA_THREADS < n ? __ldcg((const float4 *)(src[k] + j * jstride))
+        v[k] = base + k * KVA_MLA_THREADS < n ? kva_ldcg_f32x4_hint(src[k] + j * jstride, pol)
                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
@@ -312,12 +314,13 @@ static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, con
     } else if (live) {
       const size_t prow = ((size_t)a.split_row_offset[r] + (size_t)split * nt + t) * a.hq + h;
       float *dst = a.part_o + prow * KVA_MLA_DV + 256 * wg;
+      const uint64_t pol = (a.l2_hints & 1) ? kva_l2_evict_last() : kva_l2_evict_normal();
 #pragma unroll
       for (int hh = 0; hh < 2; hh++)
 #pragma unroll
         for (int j = 0; j < 16; j++)
-          *(float2 *)(dst + 128 * hh + 8 * j + 2 * tq) =
-              make_float2(o[hh][4 * j + 2 * hf] * inv[hf], o[hh][4 * j + 2 * hf + 1] * inv[hf]);
+          kva_st_f32x2_hint(dst + 128 * hh + 8 * j + 2 * tq, o[hh][4 * j + 2 * hf] * inv[hf],
+                            o[hh][4 * j + 2 * hf + 1] * inv[hf], pol);
       if (wg == 0 && tq == 0) a.part_lse[prow] = lse[hf];
     }
   }
@@ -564,6 +567,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   }
   const kva_split_work wk = a.sched[blockIdx.x];
   const unsigned char *const kvg = (const unsigned char *)a.kv;
+  const uint64_t kv_pol = (a.l2_hints & 2) ? kva_l2_evict_first() : kva_l2_evict_normal();
 
   for (int r = wk.begin_req; r <= wk.end_req; r++) {
     const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
@@ -587,7 +591,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     for (int i = 0; i < NS - 1; i++) {
       if (i < ntiles)
         mla_issue_kv<KV8>(KV8 ? s_kv + 2 * TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN,
-                          k1, a, tid);
+                          k1, a, tid, kv_pol);
       kva_cp_async_commit();
     }
     /* KV slot of this thread's row of the next tile to load (-1: none) */
@@ -635,7 +639,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       {
         const int nx = it + NS - 1, st = nx % NS;
         if (nx < ntiles)
-          mla_issue_row<KV8>(KV8 ? s_kv + 2 * TILE + st * TILE8 : s_kv + st * TILE, kvg, nslot, tid);
+          mla_issue_row<KV8>(KV8 ? s_kv + 2 * TILE + st * TILE8 : s_kv + st * TILE, kvg, nslot, tid,
+                             kv_pol);
         kva_cp_async_commit();
         nslot = mla_slot(pt, k0 + (nx + 1) * BN + (tid >> 3), k1, a); /* used next tile */
       }

@@ -46,6 +46,36 @@ static __device__ __forceinline__ void kva_cp_async_16_zfill(uint32_t dst, const
 static __device__ __forceinline__ void kva_cp_async_16_all(uint32_t dst, const void *src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
+/* L2 eviction policies (fraction 1.0) for the .L2::cache_hint forms. */
+#define KVA_L2_POLICY(name, priority)                                                   \
+  static __device__ __forceinline__ uint64_t name(void) {                               \
+    uint64_t p;                                                                         \
+    asm volatile("createpolicy.fractional.L2::" priority ".b64 %0, 1.0;\n" : "=l"(p)); \
+    return p;                                                                           \
+  }
+KVA_L2_POLICY(kva_l2_evict_last, "evict_last")
+KVA_L2_POLICY(kva_l2_evict_first, "evict_first")
+KVA_L2_POLICY(kva_l2_evict_normal, "evict_normal")
+#undef KVA_L2_POLICY
+/* kva_cp_async_16 with an L2 eviction policy. */
+static __device__ __forceinline__ void kva_cp_async_16_hint(uint32_t dst, const void *src,
+                                                            int src_bytes, uint64_t pol) {
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+               "l"(src), "r"(src_bytes), "l"(pol)
+               : "memory");
+}
+static __device__ __forceinline__ void kva_st_f32x2_hint(float *p, float x, float y, uint64_t pol) {
+  asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(p), "f"(x), "f"(y),
+               "l"(pol)
+               : "memory");
+}
+static __device__ __forceinline__ float4 kva_ldcg_f32x4_hint(const float *p, uint64_t pol) {
+  float4 v;
+  asm volatile("ld.global.cg.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "l"(p), "l"(pol));
+  return v;
+}
 /* A 64-bit value the compiler must keep in one register pair (so that an
  * address add is one IMAD.WIDE, not a uniform-register add per use). */
 static __device__ __forceinline__ const unsigned char *kva_opaque_ptr(const unsigned char *p) {

@@ -54,6 +54,7 @@ static int run_case(const Case &c, int idx) {
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks;
   a.causal = c.causal;
+  a.l2_hints = (int)(rnd() % 4); /* policies are no-ops here; the code paths run */
   g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
   /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on */
   a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;

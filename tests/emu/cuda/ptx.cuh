@@ -8,6 +8,14 @@ static inline void kva_cp_async_16_zfill(uint32_t dst, const void *src, int zero
 }
 static inline void kva_cp_async_16_all(uint32_t dst, const void *src) { kva_cp_async_16(dst, src, 16); }
 static inline const unsigned char *kva_opaque_ptr(const unsigned char *p) { return p; }
+static inline uint64_t kva_l2_evict_last(void) { return 1; }
+static inline uint64_t kva_l2_evict_first(void) { return 2; }
+static inline uint64_t kva_l2_evict_normal(void) { return 0; }
+static inline void kva_cp_async_16_hint(uint32_t dst, const void *src, int src_bytes, uint64_t) {
+  kva_cp_async_16(dst, src, src_bytes);
+}
+static inline void kva_st_f32x2_hint(float *p, float x, float y, uint64_t) { p[0] = x; p[1] = y; }
+static inline float4 kva_ldcg_f32x4_hint(const float *p, uint64_t) { return *(const float4 *)p; }
 void kva_cp_async_commit(void);
 void emu_cp_async_wait(int n);
 template <int N> static inline void kva_cp_async_wait(void) { emu_cp_async_wait(N); }
