@@ -237,11 +237,11 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
                                                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
       for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
-        const float w = sw[wrow[k] + j];
-        acc[k].x += w * v[k].x;
-        acc[k].y += w * v[k].y;
-        acc[k].z += w * v[k].z;
-        acc[k].w += w * v[k].w;
+        const float w = sw[wrow[k] + j]; /* fmaf: mla_merge_known_last's arithmetic */
+        acc[k].x = fmaf(w, v[k].x, acc[k].x);
+        acc[k].y = fmaf(w, v[k].y, acc[k].y);
+        acc[k].z = fmaf(w, v[k].z, acc[k].z);
+        acc[k].w = fmaf(w, v[k].w, acc[k].w);
       }
     }
 #pragma unroll
@@ -341,22 +341,94 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
 }
 
+/* A request of two chunks merged by the chunk known to complete it
+ * (kva_split_known_last) before it wrote its own partial rows: the other
+ * chunk's rows of this row tile (contiguous, rows x 512 f32) come into
+ * free smem `stage` in one round of cp.async, its LSEs with them; each
+ * thread then merges them into its accumulators. No partial write and no
+ * second read of the CTA's own rows, and one round of loads instead of the
+ * merge's three or more (the round trips under the other SMs' streaming
+ * set the merge's time). The arithmetic and chunk order of
+ * mla_merge_chunks_w: bitwise the same O and LSE. On return o holds the
+ * weighted sum, inv the factor to O and lse the merged LSE. */
+static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &a, float o[2][64],
+                                                            float inv[2], float lse[2], int r,
+                                                            int split, int nt, int row0,
+                                                            int rows, int tid, int wg, int wq,
+                                                            int g, int tq, uint32_t s_stage,
+                                                            const float *stage) {
+  const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
+  const size_t other = ((size_t)a.split_row_offset[r] + (size_t)(1 - split) * nt) * a.hq + row0;
+  const float *src = a.part_o + other * KVA_MLA_DV;
+  for (int i = tid; i < rows_here * (KVA_MLA_DV / 4); i += KVA_MLA_THREADS)
+    kva_cp_async_16(s_stage + 16 * i, src + 4 * i, 16);
+  kva_cp_async_commit();
+  float lo[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int lr = 16 * wq + g + 8 * hf;
+    lo[hf] = lr < rows_here ? __ldcg(a.part_lse + other + lr) : -INFINITY;
+  }
+  kva_cp_async_wait<0>();
+  __syncthreads(); /* every thread's copies landed */
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int lr = 16 * wq + g + 8 * hf;
+    const float l0 = split == 0 ? lse[hf] : lo[hf], l1 = split == 0 ? lo[hf] : lse[hf];
+    const float mx = fmaxf(l0, l1);
+    const float w0 = mx == -INFINITY ? 0.0f : kva_ex2((l0 - mx) * KVA_SPLIT_LOG2E);
+    const float w1 = mx == -INFINITY ? 0.0f : kva_ex2((l1 - mx) * KVA_SPLIT_LOG2E);
+    const float ws = w0 + w1;
+    const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_DV + 256 * wg + 2 * tq;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+      for (int j = 0; j < 16; j++) {
+        const float2 v = *(const float2 *)(row + 128 * hh + 8 * j);
+        const float own0 = o[hh][4 * j + 2 * hf] * inv[hf], own1 = o[hh][4 * j + 2 * hf + 1] * inv[hf];
+        o[hh][4 * j + 2 * hf] = split == 0 ? fmaf(w1, v.x, fmaf(w0, own0, 0.0f))
+                                           : fmaf(w1, own0, fmaf(w0, v.x, 0.0f));
+        o[hh][4 * j + 2 * hf + 1] = split == 0 ? fmaf(w1, v.y, fmaf(w0, own1, 0.0f))
+                                               : fmaf(w1, own1, fmaf(w0, v.y, 0.0f));
+      }
+    inv[hf] = ws > 0.0f ? 1.0f / ws : 0.0f;
+    lse[hf] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+  }
+}
+
 /* The end of a chunk in both kernels, after the row sums lt (maxima m):
  * O, or this chunk's partial rows and its count, and the merge by the
- * chunk that completes the request. flag: an int of smem, free until the
- * caller's next __syncthreads; scratch: free smem for the merge's weights.
- * Stamps 4-7 of the decode timeline when STAMPS. Returns 1 if this CTA
- * merged. */
+ * chunk that completes the request. known_last (two-chunk requests,
+ * kva_split_known_last read after a __syncthreads; a constant 0 compiles
+ * the path out): merge before writing, mla_merge_known_last. flag: an int
+ * of smem, free until the caller's next __syncthreads; scratch: free smem
+ * for the merge (at least 64 x 512 floats). Stamps 4-7 of the decode
+ * timeline when STAMPS. Returns 1 if this CTA merged. */
 template <int QT, bool STAMPS>
-static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, const float o[2][64],
+static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, float o[2][64],
                                                        const float lt[2], const float m[2], int r,
-                                                       int split, int nsplit, int nt, int tok0,
-                                                       int row0, int rows, int tid, int wg, int wq,
-                                                       int g, int tq, volatile int *flag,
-                                                       float *scratch, size_t scratch_bytes) {
+                                                       int split, int nsplit, int known_last,
+                                                       int nt, int tok0, int row0, int rows,
+                                                       int tid, int wg, int wq, int g, int tq,
+                                                       volatile int *flag, float *scratch,
+                                                       size_t scratch_bytes) {
   float inv[2], lse[2];
   mla_row_scale(a, lt, m, inv, lse);
-  mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1, nt, tok0, row0, rows, wg, wq, g, tq);
+  if (known_last) {
+    if (STAMPS) {
+      KVA_TRACE_STAMP(4, kva_globaltimer());
+      KVA_TRACE_STAMP(5, kva_globaltimer());
+      KVA_TRACE_STAMP(6, kva_globaltimer());
+    }
+    mla_merge_known_last(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
+                         kva_smem_u32(scratch), scratch);
+  }
+  mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,
+                     wg, wq, g, tq);
+  if (known_last) {
+    if (STAMPS) KVA_TRACE_STAMP(7, kva_globaltimer());
+    return 1;
+  }
   if (nsplit == 1) return 0;
   /* Count this chunk (split_merge.cuh); the chunk that completes the count
    * merges all of them. */
@@ -685,6 +757,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     KVA_TRACE_STAMP(3, kva_globaltimer());
 
     /* ---- O (or the partial row) straight from the accumulators ---- */
+    if (nsplit == 2 && tid == 0)
+      *flag = kva_split_known_last(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
     float lt[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
@@ -692,9 +766,11 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 1);
       lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 2);
     }
+    if (nsplit == 2) __syncthreads(); /* flag written */
     /* the ring is free until the next request's prologue */
-    trace_merges += mla_finish_chunk<QT, true>(a, o, lt, m, r, split, nsplit, nt, tok0, row0,
-                                               rows, tid, wg, wq, g, tq, flag, (float *)p_kv,
+    trace_merges += mla_finish_chunk<QT, true>(a, o, lt, m, r, split, nsplit,
+                                               nsplit == 2 && *flag, nt, tok0, row0, rows, tid,
+                                               wg, wq, g, tq, flag, (float *)p_kv,
                                                (size_t)KVA_MLA_RING(KV8));
     __syncthreads(); /* flag read, smem done with before the next request's copies */
   }

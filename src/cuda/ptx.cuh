@@ -237,6 +237,12 @@ static __device__ __forceinline__ int kva_atom_add_acq_rel_gpu(int *p, int v) {
   asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;\n" : "=r"(old) : "l"(p), "r"(v) : "memory");
   return old;
 }
+/* Load with acquire semantics at GPU scope (pairs with a release). */
+static __device__ __forceinline__ int kva_ld_acquire_gpu(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 /* Nanoseconds, one clock for all SMs (timelines across CTAs). */
 static __device__ __forceinline__ unsigned long long kva_globaltimer(void) {
   unsigned long long t;

@@ -76,4 +76,15 @@ static __device__ __forceinline__ int kva_split_arrive(int32_t *sem, int nsplit)
   return last;
 }
 
+/* Thread 0, before the CTA writes its partial rows (then a __syncthreads):
+ * 1 when every other chunk has already counted (acquire: their rows are
+ * visible after the __syncthreads), so this chunk completes the request
+ * whatever happens; it resets the count and merges without writing its own
+ * partial rows. 0: write and count as above. */
+static __device__ __forceinline__ int kva_split_known_last(int32_t *sem, int nsplit) {
+  if (kva_ld_acquire_gpu((const int *)sem) != nsplit - 1) return 0;
+  atomicExch((int *)sem, 0);
+  return 1;
+}
+
 #endif /* KVA_CUDA_SPLIT_MERGE_CUH */

@@ -43,6 +43,10 @@ static inline int atomicAdd(int *p, int v) { const int o = *p; *p += v; return o
 static inline int atomicExch(int *p, int v) { const int o = *p; *p = v; return o; }
 static inline void __threadfence() {}
 static inline int kva_atom_add_acq_rel_gpu(int *p, int v) { return atomicAdd(p, v); }
+/* emu_no_known_last: every chunk counts and the last one merges from
+ * global (on a GPU the order of CTAs decides which path a chunk takes) */
+extern int emu_no_known_last;
+static inline int kva_ld_acquire_gpu(const int *p) { return emu_no_known_last ? -1 : *p; }
 template <class T> static inline T __ldcg(const T *p) { return *p; }
 
 /* the runtime's side the harnesses drive (emu_rt.cpp): run a grid of CTAs

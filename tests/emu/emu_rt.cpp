@@ -21,6 +21,7 @@ extern "C" {
 
 unsigned char smem[256 * 1024] __attribute__((aligned(1024)));
 size_t emu_smem_limit = sizeof(smem);
+int emu_no_known_last = 0;
 dim3 emu_blockIdx, emu_gridDim;
 
 enum { NTH_MAX = 384, NBAR = 16 };

@@ -69,12 +69,34 @@ static int run_case(const Case &c, int idx) {
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
   emu_smem_limit = g_run_ver == 5 ? KVA_MLA5_SMEM : KVA_MLA_SMEM(c.kv8);
-  for (int y = 0; y < tiles; y++) {
-    g_y = (unsigned)y;
-    emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
+  /* Twice: the last chunk of a two-chunk request merging before it writes
+   * (CTAs run one after another here, so the last one always knows it is
+   * last; v2 only), then every chunk counting and the last merging from
+   * global; the two must agree bitwise (mla_merge_known_last's promise). */
+  std::vector<uint16_t> o1((size_t)l.total_q * c.hq * DV);
+  std::vector<float> lse1(e.lse.size());
+  for (int pass = 0; pass < 2; pass++) {
+    emu_no_known_last = pass;
+    for (int y = 0; y < tiles; y++) {
+      g_y = (unsigned)y;
+      emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
+    }
+    if (emu_split_sem_dirty(sp, idx)) return 1;
+    if (pass == 0) {
+      memcpy(o1.data(), e.o, o1.size() * 2);
+      lse1 = e.lse;
+      for (size_t i = 0; i < o1.size(); i++) e.o[i] = 0x7fff; /* poisoned again */
+      for (float &x : e.lse) x = nanf("");
+    }
   }
+  emu_no_known_last = 0;
   emu_smem_limit = 0;
-  if (emu_split_sem_dirty(sp, idx)) return 1;
+  if (memcmp(o1.data(), e.o, o1.size() * 2) != 0 ||
+      memcmp(lse1.data(), e.lse.data(), lse1.size() * 4) != 0) {
+    printf("case %d: O or LSE differ between the merge before the write and the merge from "
+           "global\n", idx);
+    return 1;
+  }
 
   /* reference: V is the first DV dims of the latent */
   EmuCheck ck = emu_check(idx);
@@ -97,6 +119,9 @@ static int run_case(const Case &c, int idx) {
 }
 
 int main(int argc, char **argv) {
+  /* CTAs in a shuffled order unless told: either chunk of a split request
+   * may then be the last, so both sides of mla_merge_known_last run */
+  setenv("EMU_CTA_ORDER", "shuffle", 0);
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
   if (g_ver != 2 && g_ver != 5) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v5\n"); return 2; }
   printf("kernel v%d\n", g_ver);
