@@ -6,15 +6,9 @@ the last launch: per item (Q wait, epilogue) and per key tile after an
 item's first (issue + S wait, softmax, P V wait, K/V wait, token wait), in
 microseconds at the clock the cycle counts imply.
     python3 scripts/ext_trace.py FILE [label]"""
-import sys
+from trace_records import cli_halves
 
-from trace_records import last_launch_halves
-
-halves = last_launch_halves(sys.argv[1])  # consumer 1 writes record grid + cta
-label = sys.argv[2] if len(sys.argv) > 2 else ""
-if not halves[0]:
-    print(label, "no trace rows (not a KVA_EXT_TRACE build?)")
-    sys.exit(0)
+halves, label = cli_halves("KVA_EXT_TRACE")  # consumer 1 writes record grid + cta
 for cw in (0, 1):
     rows = halves[cw]
     items = sum(r[7] for r in rows)

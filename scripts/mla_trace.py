@@ -5,15 +5,9 @@ cuda --mode mla ...`, per warpgroup, averaged over the CTAs of the last
 launch: per pair of 64-key blocks, in cycles, and the share of the key
 loop each phase takes.
     python3 scripts/mla_trace.py FILE [label]"""
-import sys
+from trace_records import cli_halves
 
-from trace_records import last_launch_halves
-
-halves = last_launch_halves(sys.argv[1])  # warpgroup 1 writes record CTAs + cta
-label = sys.argv[2] if len(sys.argv) > 2 else ""
-if not halves[0]:
-    print(label, "no trace rows (not a KVA_MLA_TRACE build?)")
-    sys.exit(0)
+halves, label = cli_halves("KVA_MLA_TRACE")  # warpgroup 1 writes record CTAs + cta
 names = [(1, "S data"), (2, "S wait"), (3, "softmax"), (4, "handover"), (5, "PV wait"),
          (8, "refill")]
 for wg in (0, 1):
