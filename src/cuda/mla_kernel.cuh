@@ -384,7 +384,8 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
 #pragma unroll
       for (int j = 0; j < 16; j++) {
         const float2 v = *(const float2 *)(row + 128 * hh + 8 * j);
-        const float own0 = o[hh][4 * j + 2 * hf] * inv[hf], own1 = o[hh][4 * j + 2 * hf + 1] * inv[hf];
+        const float own0 = o[hh][4 * j + 2 * hf] * inv[hf];
+        const float own1 = o[hh][4 * j + 2 * hf + 1] * inv[hf];
         o[hh][4 * j + 2 * hf] = split == 0 ? fmaf(w1, v.x, fmaf(w0, own0, 0.0f))
                                            : fmaf(w1, own0, fmaf(w0, v.x, 0.0f));
         o[hh][4 * j + 2 * hf + 1] = split == 0 ? fmaf(w1, v.y, fmaf(w0, own1, 0.0f))
@@ -511,17 +512,18 @@ static __device__ __forceinline__ void mla_exchange(float s[16], float4 *xs, int
   }
 }
 
-/* Online softmax of the tile of S at key kt (masked on the request's
- * boundary tiles only), O rescaled where a row's max moved, then
- * O[:, 256 wg ..] += P V issued and committed (not waited for). */
-template <int QT>
-static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64], float m[2],
-                                                      float l[2], const int pos[2], int kt, int k1,
-                                                      int cached, const kva_mla_args &a,
-                                                      uint32_t s_cur, int wg, int tq) {
-  constexpr int BN = KVA_MLA_BN, NJ = BN / 8;
-  /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
-  const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+/* Online softmax of a tile of S of NJ 8-key column groups at key kt
+ * (masked only on a chunk's boundary tiles) against the running max m:
+ * logits in base 2, each row's max over its quad, m and l updated
+ * (l = l c + sum), c the factor for what was accumulated before, P packed
+ * to Q's type in pk and, when KEEP_P, left in s in f32. v2 (32-key tiles)
+ * and v5 (64-key blocks, which rescale P) both run it. */
+template <int QT, int NJ, bool KEEP_P>
+static __device__ __forceinline__ void mla_softmax_tile(float s[4 * NJ], float m[2], float l[2],
+                                                        float c[2], uint32_t pk[NJ][2], int kt,
+                                                        int k1, int cached, const int pos[2],
+                                                        const kva_mla_args &a, int tq) {
+  const bool need_mask = kt + 8 * NJ > k1 || (a.causal && kt + 8 * NJ - 1 > cached);
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < NJ; j++)
@@ -535,15 +537,13 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
       s[4 * j + e] = x;
       mx[e >> 1] = fmaxf(mx[e >> 1], x);
     }
-  uint32_t pk[NJ][2];
-  float alpha[2];
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
     mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
     mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
     const float mn = fmaxf(m[hf], mx[hf]);
     const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
-    alpha[hf] = kva_ex2(m[hf] - mu);
+    c[hf] = kva_ex2(m[hf] - mu);
     m[hf] = mn;
     float sum = 0.0f;
 #pragma unroll
@@ -551,9 +551,28 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
       const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
       sum += p0 + p1;
       pk[j][hf] = mla_pack<QT>(p0, p1);
+      if (KEEP_P) {
+        s[4 * j + 2 * hf] = p0;
+        s[4 * j + 2 * hf + 1] = p1;
+      }
     }
-    l[hf] = l[hf] * alpha[hf] + sum;
+    l[hf] = l[hf] * c[hf] + sum;
   }
+}
+
+/* Online softmax of the tile of S at key kt (masked on the request's
+ * boundary tiles only), O rescaled where a row's max moved, then
+ * O[:, 256 wg ..] += P V issued and committed (not waited for). */
+template <int QT>
+static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64], float m[2],
+                                                      float l[2], const int pos[2], int kt, int k1,
+                                                      int cached, const kva_mla_args &a,
+                                                      uint32_t s_cur, int wg, int tq) {
+  constexpr int BN = KVA_MLA_BN, NJ = BN / 8;
+  /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
+  uint32_t pk[NJ][2];
+  float alpha[2];
+  mla_softmax_tile<QT, NJ, false>(s, m, l, alpha, pk, kt, k1, cached, pos, a, tq);
   /* a row's max rarely moves after the first tiles: skip the rescale */
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll

@@ -187,50 +187,6 @@ static __device__ __forceinline__ void mla5_load(uint32_t dst, uint32_t bar0,
   mla5_copy<TMA>(dst, bar0, kv, slot, wg, tw, kt, k1, a);
 }
 
-/* Online softmax of S (block at key kt; masked on the chunk's boundary
- * blocks) against the running max m: m and l updated (l = l c + sum), c
- * the factor for what was accumulated before, P packed to Q's type (and
- * left in s in f32). */
-template <int QT>
-static __device__ __forceinline__ void mla5_softmax(float s[32], float m[2], float l[2],
-                                                    float c[2], uint32_t pk[8][2], int kt,
-                                                    int k1, int cached, const int pos[2],
-                                                    const kva_mla_args &a, int tq) {
-  const bool need_mask = kt + KVA_MLA5_BN > k1 || (a.causal && kt + KVA_MLA5_BN - 1 > cached);
-  float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int j = 0; j < 8; j++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      float x = s[4 * j + e] * a.qk_mul;
-      if (need_mask) {
-        const int key = kt + 8 * j + 2 * tq + (e & 1);
-        if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
-      }
-      s[4 * j + e] = x;
-      mx[e >> 1] = fmaxf(mx[e >> 1], x);
-    }
-#pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
-    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
-    mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-    const float mn = fmaxf(m[hf], mx[hf]);
-    const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
-    c[hf] = kva_ex2(m[hf] - mu);
-    m[hf] = mn;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const float p0 = kva_ex2(s[4 * j + 2 * hf] - mu), p1 = kva_ex2(s[4 * j + 2 * hf + 1] - mu);
-      sum += p0 + p1;
-      pk[j][hf] = mla_pack<QT>(p0, p1);
-      s[4 * j + 2 * hf] = p0; /* P in f32 too (v5 rescales it) */
-      s[4 * j + 2 * hf + 1] = p1;
-    }
-    l[hf] = l[hf] * c[hf] + sum;
-  }
-}
-
 /* O[:, 256 wg ..] += P V, P from registers; committed, not waited for. */
 template <int QT>
 static __device__ __forceinline__ void mla5_pv_rs(float o[2][64], uint32_t pk[8][2], uint32_t s_k,
@@ -460,7 +416,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       mla5_rows<TMA>(nx1, pt, kt1 + 2 * BN, more1 ? k1 : 0, a, tw);
       if (wg == 0) {
         MLA5_CLK(ta0);
-        mla5_softmax<QT>(s, m, l, c, pk, kt0, k1, cached, pos, a, tq); /* m = m0 */
+        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt0, k1, cached, pos, a, tq); /* m = m0 */
         mla5_put(sc0, sm0, c, m, wq, g, tq);
         mla5_signal(KVA_MLA5_BAR_C0);
         if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla5_scale_o(o, c);
@@ -545,7 +501,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         mla5_get(c0, m, sc0, sm0, wq, g);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) l[hf] *= c0[hf];
-        mla5_softmax<QT>(s, m, l, c, pk, kt1, k1, cached, pos, a, tq); /* c = c1, m = m1 */
+        /* c = c1, m = m1 */
+        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt1, k1, cached, pos, a, tq);
         mla5_put(sc1, sm1, c, m, wq, g, tq);
         mla5_signal(KVA_MLA5_BAR_C1);
         mla5_store_p(p_p1, pk, wq, g, tq);
