@@ -512,6 +512,28 @@ static __device__ __forceinline__ void mla_exchange(float s[16], float4 *xs, int
   }
 }
 
+/* O's accumulators fenced (see kva_reg_fence_f32); both kernels */
+static __device__ __forceinline__ void mla_fence_o(float o[2][64]) {
+#pragma unroll
+  for (int i = 0; i < 64; i++) {
+    kva_reg_fence_f32(&o[0][i]);
+    kva_reg_fence_f32(&o[1][i]);
+  }
+}
+
+/* O's rows times the factor of their half (rows g and g + 8); both kernels */
+static __device__ __forceinline__ void mla_scale_o(float o[2][64], const float alpha[2]) {
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      o[0][4 * j + 2 * hf] *= alpha[hf];
+      o[0][4 * j + 2 * hf + 1] *= alpha[hf];
+      o[1][4 * j + 2 * hf] *= alpha[hf];
+      o[1][4 * j + 2 * hf + 1] *= alpha[hf];
+    }
+}
+
 /* Online softmax of a tile of S of NJ 8-key column groups at key kt
  * (masked only on a chunk's boundary tiles) against the running max m:
  * logits in base 2, each row's max over its quad, m and l updated
@@ -574,24 +596,10 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
   float alpha[2];
   mla_softmax_tile<QT, NJ, false>(s, m, l, alpha, pk, kt, k1, cached, pos, a, tq);
   /* a row's max rarely moves after the first tiles: skip the rescale */
-  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-      for (int j = 0; j < 16; j++) {
-        o[0][4 * j + 2 * hf] *= alpha[hf];
-        o[0][4 * j + 2 * hf + 1] *= alpha[hf];
-        o[1][4 * j + 2 * hf] *= alpha[hf];
-        o[1][4 * j + 2 * hf + 1] *= alpha[hf];
-      }
-  }
+  if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) mla_scale_o(o, alpha);
 
   /* ---- O[:, 256 wg ..] += P V (V: the tile's first 512 columns) ---- */
-#pragma unroll
-  for (int i = 0; i < 64; i++) {
-    kva_reg_fence_f32(&o[0][i]);
-    kva_reg_fence_f32(&o[1][i]);
-  }
+  mla_fence_o(o);
 #pragma unroll
   for (int j = 0; j < NJ; j++) {
     kva_reg_fence_u32(&pk[j][0]);
@@ -753,22 +761,14 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 #pragma unroll
       for (int i = 0; i < 4 * NJ; i++) s[i] = sn[i];
       kva_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; i++) {
-        kva_reg_fence_f32(&o[0][i]);
-        kva_reg_fence_f32(&o[1][i]);
-      }
+      mla_fence_o(o);
     }
     if (ntiles > 0) { /* the last tile: its stage landed and was synced above */
       const int it = ntiles - 1;
       mla_softmax_pv<QT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a,
                          KV8 ? s_kv + (it & 1) * TILE : s_kv + (it % NS) * TILE, wg, tq);
       kva_wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < 64; i++) {
-        kva_reg_fence_f32(&o[0][i]);
-        kva_reg_fence_f32(&o[1][i]);
-      }
+      mla_fence_o(o);
     }
     kva_cp_async_wait<0>(); /* only empty groups remain (Q's, when there were no tiles) */
     trace_chunks++;

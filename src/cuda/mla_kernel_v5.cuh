@@ -90,28 +90,6 @@ static __device__ __forceinline__ void mla5_mma_pv_ss(float d[64], uint64_t da, 
     kva_wgmma_m64n128k16_ss_bf16_tb(d, da, db);
 }
 
-/* O's accumulators fenced (see kva_reg_fence_f32) */
-static __device__ __forceinline__ void mla5_fence_o(float o[2][64]) {
-#pragma unroll
-  for (int i = 0; i < 64; i++) {
-    kva_reg_fence_f32(&o[0][i]);
-    kva_reg_fence_f32(&o[1][i]);
-  }
-}
-
-/* O's rows times the factor of their half (rows g and g + 8) */
-static __device__ __forceinline__ void mla5_scale_o(float o[2][64], const float alpha[2]) {
-#pragma unroll
-  for (int hf = 0; hf < 2; hf++)
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      o[0][4 * j + 2 * hf] *= alpha[hf];
-      o[0][4 * j + 2 * hf + 1] *= alpha[hf];
-      o[1][4 * j + 2 * hf] *= alpha[hf];
-      o[1][4 * j + 2 * hf + 1] *= alpha[hf];
-    }
-}
-
 /* A hand-over to the other warpgroup, which syncs on the barrier. */
 static __device__ __forceinline__ void mla5_signal(int id) { kva_bar_arrive(id, KVA_MLA_THREADS); }
 
@@ -191,7 +169,7 @@ static __device__ __forceinline__ void mla5_load(uint32_t dst, uint32_t bar0,
 template <int QT>
 static __device__ __forceinline__ void mla5_pv_rs(float o[2][64], uint32_t pk[8][2], uint32_t s_k,
                                                   int wg) {
-  mla5_fence_o(o);
+  mla_fence_o(o);
 #pragma unroll
   for (int j = 0; j < 8; j++) {
     kva_reg_fence_u32(&pk[j][0]);
@@ -213,7 +191,7 @@ static __device__ __forceinline__ void mla5_pv_rs(float o[2][64], uint32_t pk[8]
 template <int QT, int CHAIN = 0>
 static __device__ __forceinline__ void mla5_pv_ss(float o[2][64], uint32_t s_p, uint32_t s_k,
                                                   int wg) {
-  if (!CHAIN) mla5_fence_o(o); /* CHAIN: right after another P V on o, still in flight */
+  if (!CHAIN) mla_fence_o(o); /* CHAIN: right after another P V on o, still in flight */
   kva_wgmma_fence();
   const uint64_t dp = mla_desc(s_p, 16, 1024);
   const uint64_t dv = mla_desc(s_k + 4 * wg * KVA_MLA5_KBLK, KVA_MLA5_KBLK, 1024);
@@ -419,12 +397,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt0, k1, cached, pos, a, tq); /* m = m0 */
         mla5_put(sc0, sm0, c, m, wq, g, tq);
         mla5_signal(KVA_MLA5_BAR_C0);
-        if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla5_scale_o(o, c);
+        if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla_scale_o(o, c);
         mla5_pv_rs<QT>(o, pk, s_st0, 0); /* P0 V0_L */
         MLA5_CLK(ta1);
         MLA5_ACC(3, ta1 - ta0);
         kva_wgmma_wait<0>();
-        mla5_fence_o(o);
+        mla_fence_o(o);
         kva_bar_sync(KVA_MLA5_BAR_WG, KVA_MLA_THREADS / 2); /* S0, P0 V0_L over */
         MLA5_CLK(ta2);
         MLA5_ACC(5, ta2 - ta1);
@@ -451,7 +429,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         if (has1) {
 #pragma unroll
           for (int hf = 0; hf < 2; hf++) l[hf] *= c1[hf];
-          if (__any_sync(0xffffffffu, c1[0] != 1.0f || c1[1] != 1.0f)) mla5_scale_o(o, c1);
+          if (__any_sync(0xffffffffu, c1[0] != 1.0f || c1[1] != 1.0f)) mla_scale_o(o, c1);
           MLA5_CLK(ta6);
           kva_bar_sync(KVA_MLA5_BAR_P1, KVA_MLA_THREADS); /* P1; P0 V0_R issued */
           MLA5_CLK(ta7);
@@ -470,7 +448,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
             kva_wgmma_commit();
             MLA5_CLK(ta8);
             kva_wgmma_wait<1>(); /* P1 V1_L */
-            mla5_fence_o(o);
+            mla_fence_o(o);
             kva_bar_sync(KVA_MLA5_BAR_WG, KVA_MLA_THREADS / 2); /* P1 V1_L over */
             MLA5_CLK(ta9);
             MLA5_ACC(5, ta9 - ta8);
@@ -489,7 +467,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
             MLA5_ACC(2, ta12 - ta11);
           } else {
             kva_wgmma_wait<0>();
-            mla5_fence_o(o);
+            mla_fence_o(o);
           }
         }
       } else if (has1) {
@@ -508,7 +486,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         mla5_store_p(p_p1, pk, wq, g, tq);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) c[hf] *= c0[hf];
-        if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla5_scale_o(o, c);
+        if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla_scale_o(o, c);
         mla5_pv_rs<QT>(o, pk, s_st1, 1); /* P1 V1_R */
         MLA5_CLK(tb2);
         MLA5_ACC(3, tb2 - tb1);
@@ -526,7 +504,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         MLA5_CLK(tb5);
         MLA5_ACC(8, tb5 - tb4);
         kva_wgmma_wait<0>(); /* P0 V0_R */
-        mla5_fence_o(o);
+        mla_fence_o(o);
         kva_bar_sync(KVA_MLA5_BAR_WG + 1, KVA_MLA_THREADS / 2); /* P0 V0_R over */
         MLA5_CLK(tb6);
         MLA5_ACC(5, tb6 - tb5);
@@ -559,12 +537,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         mla5_get(c0, m, sc0, sm0, wq, g);
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) l[hf] *= c0[hf];
-        if (__any_sync(0xffffffffu, c0[0] != 1.0f || c0[1] != 1.0f)) mla5_scale_o(o, c0);
+        if (__any_sync(0xffffffffu, c0[0] != 1.0f || c0[1] != 1.0f)) mla_scale_o(o, c0);
         kva_bar_sync(KVA_MLA5_BAR_P0, KVA_MLA_THREADS);
         kva_fence_proxy_async_smem();
         mla5_pv_ss<QT>(o, s_p0, s_st0, 1);
         kva_wgmma_wait<0>();
-        mla5_fence_o(o);
+        mla_fence_o(o);
       }
     }
     trace_chunks++;
