@@ -83,7 +83,7 @@ typedef struct kva_mla_args {
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 2 or 4 (4 with 16-bit latents only). */
+ * 2 or 5 (5 with 16-bit latents only). */
 kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, unsigned grid_x,
                           unsigned grid_y, cudaStream_t stream);
 

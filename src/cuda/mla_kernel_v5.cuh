@@ -93,13 +93,16 @@ static __device__ __forceinline__ void mla5_mma_pv_ss(float d[64], uint64_t da, 
 /* A hand-over to the other warpgroup, which syncs on the barrier. */
 static __device__ __forceinline__ void mla5_signal(int id) { kva_bar_arrive(id, KVA_MLA_THREADS); }
 
-/* KV slots of this thread's 4 rows (tw / 8 + 16 p) of the 64-key block at
- * kt, -1 at or past k1: read a pair ahead of their copies, so the page
- * table's latency is off the path that issues the matmuls. */
+/* The 64-key block at kt comes by TMA: a TMA build and pool, a whole
+ * 64-key run of one page, ending at or before the chunk's end k1. */
 template <int TMA>
 static __device__ __forceinline__ int mla5_tma_block(const kva_mla_args &a, int kt, int k1) {
   return TMA && a.kv_tma && (kt & (KVA_MLA5_BN - 1)) == 0 && kt + KVA_MLA5_BN <= k1;
 }
+/* KV slots of this thread's 4 rows (tw / 8 + 16 p) of the 64-key block at
+ * kt, -1 at or past k1: read at the top of a pair, ahead of their copies
+ * later in it, so the page table's latency is off the path that issues the
+ * matmuls. */
 template <int TMA>
 static __device__ __forceinline__ void mla5_rows(int slot[4], const int32_t *pt, int kt, int k1,
                                                  const kva_mla_args &a, int tw) {
