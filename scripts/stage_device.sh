@@ -24,16 +24,15 @@ rm -rf .dist && mkdir -p .dist
 cp build-cuda/kvattn .dist/
 cp build-cuda/libkvattn.so .dist/ 2>/dev/null || true
 for f in build-cuda/test_cuda_* build-cuda/test_graph build-cuda/test_paged_plan build-cuda/test_mla build-cuda/example_*; do [ -x "$f" ] && cp "$f" .dist/; done
-if [ "${1:-}" = trace ]; then
-  cmake -S . -B build-trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
-    -DCMAKE_CUDA_FLAGS=-DKVA_EXT_TRACE >/dev/null
-  cmake --build build-trace --target kvattn_cli >/dev/null
-  cp build-trace/kvattn .dist/kvattn_trace
-fi
-if [ "${1:-}" = mlatrace ]; then
-  cmake -S . -B build-mlatrace -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
-    -DCMAKE_CUDA_FLAGS=-DKVA_MLA_TRACE >/dev/null
-  cmake --build build-mlatrace --target kvattn_cli >/dev/null
-  cp build-mlatrace/kvattn .dist/kvattn_mlatrace
-fi
+# a CLI built with one trace define: build dir, define, name in .dist
+trace_cli() {
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON \
+    -DCMAKE_CUDA_FLAGS="-D$2" >/dev/null
+  cmake --build "$1" --target kvattn_cli >/dev/null
+  cp "$1/kvattn" ".dist/$3"
+}
+case "${1:-}" in
+  trace) trace_cli build-trace KVA_EXT_TRACE kvattn_trace ;;
+  mlatrace) trace_cli build-mlatrace KVA_MLA_TRACE kvattn_mlatrace ;;
+esac
 du -sh .dist
