@@ -65,3 +65,6 @@ if __name__ == "__main__":
         prefill(d=64)
         prefill(d=256)
         prefill(heads=32, kv_heads=8)
+    if "noncausal" in which:  # d=128 without a mask, MHA and GQA (scripts/ab_prefill.sh's rows)
+        prefill(causal=False)
+        prefill(heads=32, kv_heads=8, causal=False)

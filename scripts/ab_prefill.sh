@@ -2,12 +2,26 @@
 # A/B of the warp-specialized prefill kernel's loads (KVA_EXTEND_TMA=1 or 2: TMA
 # boxes, 0: cp.async gather) on the prefill rows, interleaved in one
 # call, then torch's cuDNN SDPA on the same shapes (dense, unpaged):
-#   [AB_SHAPES=quick|full] bash scripts/ab_prefill.sh [repeats]
+#   [AB_SHAPES=quick|full|noncausal] bash scripts/ab_prefill.sh [repeats]
 # With KVA_AB_BINS="name:path ..." it compares binaries instead (each at its
 # default load path), e.g. KVA_AB_BINS="head:.dist/kvattn_head new:.dist/kvattn".
 set -uo pipefail
 K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
 rows() {
+  if [ "${AB_SHAPES:-quick}" = noncausal ]; then # d=128 without a mask, a causal row as control
+    for s in 512 1024 2048 4096 8192 16384; do
+      echo "--batch $((16384 / s)) --ctx $s --heads 16:16 --head-dim 128 --causal 0"
+    done
+    for s in 1024 4096 16384; do
+      echo "--batch $((16384 / s)) --ctx $s --heads 32:8 --head-dim 128 --causal 0"
+    done
+    echo "--batch 4 --ctx 4096 --heads 16:16 --head-dim 128 --causal 1"
+    # mixed extend batches (every item's last tile runs past kv_len)
+    echo "--mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 16:16 --head-dim 128 --causal 1"
+    echo "--mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 32:8 --head-dim 128 --causal 1"
+    echo "--mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 16:16 --head-dim 128 --causal 0"
+    return
+  fi
   for s in 512 1024 2048 4096 8192 16384; do
     echo "--batch $((16384 / s)) --ctx $s --heads 16:16 --head-dim 128 --causal 1"
   done

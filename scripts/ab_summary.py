@@ -54,12 +54,13 @@ def mla():
 
 
 def prefill():
-    d = groups(lambda r: (int(r["heads"].split(":")[0]), int(r["heads"].split(":")[1]),
-                          r["head_dim"], r["causal"], r["ctx"], r["batch"], r["kernel"]))
+    d = groups(lambda r: (r.get("mode", "prefill"), int(r["heads"].split(":")[0]),
+                          int(r["heads"].split(":")[1]), r["head_dim"], r["causal"], r["ctx"],
+                          r["batch"], r["kernel"]))
     for k in sorted(d):
         fs = sorted(r["tflops"] for r in d[k])
-        print("%d:%d d=%-3d causal=%d S=%-5d B=%-2d %-6s TFLOP/s %s" % (
-            k[0], k[1], k[2], k[3], k[4], k[5], k[6], " ".join("%.1f" % f for f in fs)))
+        print("%-7s %d:%d d=%-3d causal=%d S=%-5d B=%-2d %-6s TFLOP/s %s" % (
+            k + (" ".join("%.1f" % f for f in fs),)))
 
 
 TABLES = {"decode": decode, "fp8": fp8, "mla": mla, "prefill": prefill}

@@ -238,6 +238,11 @@ int main(void) {
        1},
       {"d128 bf16 p16 long", 128, 16, 2, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 1, plong, nlong, 1},
       {"d128 f16 p256 window 0", 128, 256, 2, 1, 1, 0, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1},
+      /* non-causal d128: GQA, key ranges of several tiles with a partial last one, soft-cap */
+      {"d128 bf16 p16 noncausal gqa", 128, 16, 8, 2, 0, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1},
+      {"d128 f16 p8 noncausal long", 128, 8, 2, 1, 0, -1, 0.f, KVA_F16, KVA_F16, 1, plong, nlong, 1},
+      {"d128 bf16 p16 noncausal cap many", 128, 16, 4, 2, 0, -1, 30.f, KVA_BF16, KVA_BF16, 40,
+       pmany, nmany, 1},
   };
   /* every case with each way the warp-specialized kernel loads K/V (read
    * at plan creation): TMA from 4, 2 or 1 producer warps, cp.async gather */
