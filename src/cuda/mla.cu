@@ -64,26 +64,32 @@ static int mla_kernel_forced(void) {
   return v;
 }
 
-/* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
-static int mla_tma_enabled(void) {
-  static int t = -1; /* read once, as above */
-  if (t < 0) {
-    const char *env = getenv("KVA_MLA_TMA");
-    t = env == NULL || strcmp(env, "0") != 0;
+/* An integer A/B switch from the environment, read once like
+ * KVA_MLA_KERNEL: dflt when unset or empty. */
+typedef struct mla_env_switch {
+  int read, value;
+} mla_env_switch;
+static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
+  if (!sw->read) {
+    const char *env = getenv(name);
+    sw->value = env == NULL || env[0] == '\0' ? dflt : atoi(env);
+    sw->read = 1;
   }
-  return t;
+  return sw->value;
 }
 
-/* kva_mla_args.l2_hints: both (3) unless KVA_MLA_L2=N says otherwise (A/B;
- * read once). Measured on the H100 (2026-11-22, same call): varlen rows at
- * 16-32 query rows +2-4 points of copy rate, 64-row varlen rows +0-1. */
+/* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
+static int mla_tma_enabled(void) {
+  static mla_env_switch sw;
+  return mla_env_int(&sw, "KVA_MLA_TMA", 1) != 0;
+}
+
+/* kva_mla_args.l2_hints: both (3) unless KVA_MLA_L2=N says otherwise (A/B).
+ * Measured on the H100 (2026-11-22, same call): varlen rows at 16-32 query
+ * rows +2-4 points of copy rate, 64-row varlen rows +0-1. */
 static int mla_l2_hints(void) {
-  static int h = -1;
-  if (h < 0) {
-    const char *env = getenv("KVA_MLA_L2");
-    h = env ? atoi(env) & 3 : 3;
-  }
-  return h;
+  static mla_env_switch sw;
+  return mla_env_int(&sw, "KVA_MLA_L2", 3) & 3;
 }
 
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
@@ -99,11 +105,8 @@ extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
  * H100 h64: partial write ~3 us + merge ~13 us, 5 blocks of streaming).
  * KVA_MLA_SLACK=N overrides (A/B; read once). */
 extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block) {
-  static int forced = -2;
-  if (forced == -2) {
-    const char *env = getenv("KVA_MLA_SLACK");
-    forced = env ? atoi(env) : -1;
-  }
+  static mla_env_switch sw;
+  const int forced = mla_env_int(&sw, "KVA_MLA_SLACK", -1);
   if (forced >= 0) return forced;
   const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
   int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
