@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of the warp-specialized prefill kernel's loads (KVA_EXTEND_TMA=1 or 2: TMA
 # boxes, 0: cp.async gather) on the prefill rows, interleaved in one
-# call, then torch's cuDNN SDPA on the same shapes (dense, unpaged):
+# call (torch's cuDNN SDPA on the same shapes: bench/torch_baselines.py
+# prefill, or noncausal for the noncausal rows):
 #   [AB_SHAPES=quick|full|noncausal] bash scripts/ab_prefill.sh [repeats]
 # With KVA_AB_BINS="name:path ..." it compares binaries instead (each at its
 # default load path), e.g. KVA_AB_BINS="head:.dist/kvattn_head new:.dist/kvattn".
