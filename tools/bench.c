@@ -137,7 +137,12 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
   kva_attn_params ap = *ap_in;
   int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
   double *times = (double *)malloc((size_t)iters * sizeof(double));
-  if (!times) return 1;
+  double *host = (double *)malloc((size_t)iters * sizeof(double));
+  if (!times || !host) {
+    free(times);
+    free(host);
+    return 1;
+  }
   for (int w = 0; w < (o->dev == KVA_DEVICE_CUDA ? 3 : 1); w++)
     CLI_TRY(kva_attention(plan, pool, w % layers, &ap, q, out, NULL, o->dtype));
   CLI_TRY(kva_synchronize(ctx));
@@ -152,17 +157,20 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
       if (o->dev == KVA_DEVICE_CUDA) {
         double ms = -1;
         if (cli_gpu_time_begin(ctx) != 0) return 1;
+        const double h0 = cli_now(); /* the host's side of a call: checks, maps, launch */
         for (int r = 0; r < reps; r++)
           CLI_TRY(kva_attention(plan, pool, (it * reps + r) % layers, &ap, q, out, NULL, o->dtype));
+        host[it] = (cli_now() - h0) / reps;
         if (cli_gpu_time_end(ctx, &ms) != 0) return 1;
         times[it] = ms * 1e-3 / reps;
       } else {
         double t0 = cli_now();
         CLI_TRY(kva_attention(plan, pool, it % layers, &ap, q, out, NULL, o->dtype));
-        times[it] = cli_now() - t0;
+        times[it] = host[it] = cli_now() - t0;
       }
     }
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
+    qsort(host, (size_t)iters, sizeof(double), cmp_double);
     if (pass == 0 && o->dev == KVA_DEVICE_CUDA) {
       t_single = times[iters / 2];
       /* about 1 ms of launches per sample, at most 50 */
@@ -172,9 +180,11 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
   }
   res->t = times[iters / 2];
   res->t_single = o->dev == KVA_DEVICE_CUDA ? t_single : res->t;
+  res->t_host = host[iters / 2];
   res->iters = iters;
   res->reps = reps;
   free(times);
+  free(host);
   /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline, or the
    * prefill ws kernel's phase sums in a KVA_EXT_TRACE build */
   if (o->dev == KVA_DEVICE_CUDA)
@@ -251,11 +261,12 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
            "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
            "\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
            "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f,\"launches_per_sample\":%d,\"single_ms\":%.4f,"
-           "\"workers\":%d,\"split_block\":%d,\"deterministic\":%d}\n",
+           "\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"deterministic\":%d}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L,
            o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
            o->causal, o->prefix, layers, iters, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
-           gbps / ceiling, reps, t_single * 1e3, o->workers, o->split_block, o->deterministic);
+           gbps / ceiling, reps, t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block,
+           o->deterministic);
   } else {
     printf("%-7s B=%-4d L=%-6d%s%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
            "%.2f TFLOP/s, ceiling %.1f GB/s, ratio %.3f\n",
@@ -297,7 +308,8 @@ static void usage(FILE *f) {
           "does: 2 * (576 + 512) * hq * sq per key of cache_seqlens (tflops_exact in --json\n"
           "counts only the causally visible keys). --head-dim is ignored.\n"
           "Reports the median time of --iters runs (default 5 CPU, 30 CUDA). CUDA: event timing\n"
-          "of back-to-back launches (~1 ms per sample, the single-launch time as single_ms),\n"
+          "of back-to-back launches (~1 ms per sample, the single-launch time as single_ms;\n"
+          "host_us in --json: the host's median wall time per call within those samples),\n"
           "GB/s of K+V read in the storage dtype + page table, TFLOP/s (4*hq*d per visible\n"
           "query-key pair), and the ratio to a copy ceiling from the same run (CPU: memcpy of\n"
           "256 MiB over the worker threads; CUDA: 1 GiB device-to-device; bytes read + written).\n"

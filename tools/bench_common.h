@@ -15,6 +15,7 @@ typedef struct {
 
 typedef struct {
   double t, t_single; /* median seconds per call; CUDA: of one launch alone */
+  double t_host;      /* CUDA: median host seconds per call (enqueue), else t */
   int iters, reps;    /* samples; launches per sample */
 } bench_timing;
 
