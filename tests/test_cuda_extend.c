@@ -19,6 +19,7 @@ typedef struct ext_case {
   int nreq;
   const int *prefix, *fresh; /* per request; NULL fresh = gen */
   int with_lse;
+  float sm_scale; /* 0 = 1/sqrt(d) */
 } ext_case;
 
 static tu_rng rng = {12345};
@@ -137,6 +138,7 @@ static void run_case(kva_context *ctx, const ext_case *c) {
   prm.causal = c->causal;
   prm.window_left = c->window;
   prm.logit_softcap = c->softcap;
+  prm.sm_scale = c->sm_scale;
   /* NaN poison: every row must be written */
   memset(oh, 0xff, obytes);
   for (size_t i = 0; i < lbytes / 4; i++) lh[i] = nanf("");
@@ -226,23 +228,35 @@ int main(void) {
     nmany[i] = i % 7 == 3 ? 4 : 40 + 3 * i; /* a few decode requests mixed in */
   }
   const ext_case cases[] = {
-      {"d128 bf16 p16 gqa causal", 128, 16, 8, 2, 1, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1},
-      {"d64 f16 p1 window", 64, 1, 4, 4, 1, 37, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1},
-      {"d256 bf16 p64 noncausal cap", 256, 64, 4, 1, 0, -1, 20.f, KVA_BF16, KVA_BF16, 2, p2, n2, 1},
-      {"d128 f16 fp8 p16", 128, 16, 8, 2, 1, -1, 0.f, KVA_F16, KVA_FP8_E4M3, 3, p3, n3, 1},
-      {"d128 bf16 fp8 p7 window", 128, 7, 4, 2, 1, 100, 0.f, KVA_BF16, KVA_FP8_E4M3, 1, p1, n1, 1},
+      {"d128 bf16 p16 gqa causal", 128, 16, 8, 2, 1, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1,
+       0.f},
+      {"d64 f16 p1 window", 64, 1, 4, 4, 1, 37, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1, 0.f},
+      {"d256 bf16 p64 noncausal cap", 256, 64, 4, 1, 0, -1, 20.f, KVA_BF16, KVA_BF16, 2, p2, n2, 1,
+       0.f},
+      {"d128 f16 fp8 p16", 128, 16, 8, 2, 1, -1, 0.f, KVA_F16, KVA_FP8_E4M3, 3, p3, n3, 1, 0.f},
+      {"d128 bf16 fp8 p7 window", 128, 7, 4, 2, 1, 100, 0.f, KVA_BF16, KVA_FP8_E4M3, 1, p1, n1, 1,
+       0.f},
       {"d64 bf16 fp8 p33 noncausal win", 64, 33, 2, 1, 0, 90, 0.f, KVA_BF16, KVA_FP8_E4M3, 1, p1,
-       n1, 0},
-      {"d256 f16 fp8 p5 cap", 256, 5, 2, 2, 1, -1, 15.f, KVA_F16, KVA_FP8_E4M3, 2, p2, n2, 1},
-      {"d64 bf16 p16 many items", 64, 16, 8, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 40, pmany, nmany,
-       1},
-      {"d128 bf16 p16 long", 128, 16, 2, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 1, plong, nlong, 1},
-      {"d128 f16 p256 window 0", 128, 256, 2, 1, 1, 0, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1},
+       n1, 0, 0.f},
+      {"d256 f16 fp8 p5 cap", 256, 5, 2, 2, 1, -1, 15.f, KVA_F16, KVA_FP8_E4M3, 2, p2, n2, 1, 0.f},
+      {"d64 bf16 p16 many items", 64, 16, 8, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 40, pmany, nmany, 1,
+       0.f},
+      {"d128 bf16 p16 long", 128, 16, 2, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 1, plong, nlong, 1,
+       0.f},
+      {"d128 f16 p256 window 0", 128, 256, 2, 1, 1, 0, 0.f, KVA_F16, KVA_F16, 2, p2, n2, 1, 0.f},
       /* non-causal d128: GQA, key ranges of several tiles with a partial last one, soft-cap */
-      {"d128 bf16 p16 noncausal gqa", 128, 16, 8, 2, 0, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1},
-      {"d128 f16 p8 noncausal long", 128, 8, 2, 1, 0, -1, 0.f, KVA_F16, KVA_F16, 1, plong, nlong, 1},
+      {"d128 bf16 p16 noncausal gqa", 128, 16, 8, 2, 0, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1,
+       0.f},
+      {"d128 f16 p8 noncausal long", 128, 8, 2, 1, 0, -1, 0.f, KVA_F16, KVA_F16, 1, plong, nlong, 1,
+       0.f},
       {"d128 bf16 p16 noncausal cap many", 128, 16, 4, 2, 0, -1, 30.f, KVA_BF16, KVA_BF16, 40,
-       pmany, nmany, 1},
+       pmany, nmany, 1, 0.f},
+      /* sharp logits (base-2 spread ~15-25): later key tiles move a row's max
+       * by more than the kernels' online-max slack, others by less */
+      {"d128 bf16 p16 sharp", 128, 16, 4, 2, 1, -1, 0.f, KVA_BF16, KVA_BF16, 3, p3, n3, 1, 1.0f},
+      {"d64 f16 p8 noncausal sharp long", 64, 8, 2, 1, 0, -1, 0.f, KVA_F16, KVA_F16, 1, plong,
+       nlong, 1, 1.5f},
+      {"d256 bf16 p64 sharp", 256, 64, 2, 1, 1, -1, 0.f, KVA_BF16, KVA_BF16, 2, p2, n2, 1, 0.7f},
   };
   /* every case with each way the warp-specialized kernel loads K/V (read
    * at plan creation): TMA from 4, 2 or 1 producer warps, cp.async gather */

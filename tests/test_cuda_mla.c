@@ -312,6 +312,10 @@ int main(void) {
       {"f32 Q/O fallback p64 h16", 64, 16, 1, 0.f, KVA_F32, KVA_BF16, 2, c2, f2, 0, 0, 1},
       {"f32 Q/O fallback fp8 p16 h32", 16, 32, 1, 0.f, KVA_F32, KVA_FP8_E4M3, 3, c3, f3, 0, 0, 1},
       {"f16 Q on a bf16 latent (fallback)", 64, 16, 1, 0.f, KVA_F16, KVA_BF16, 2, c2, f2, 0, 0, 1},
+      /* sharp logits (base-2 spread ~25-35): later blocks move a row's max by
+       * more than the kernels' online-max slack, others by less */
+      {"varlen h64 bf16 p64 sharp", 64, 64, 1, 1.0f, KVA_BF16, KVA_BF16, 4, c4, f4, 0, 0, 1},
+      {"h128 s2 f16 p64 sharp", 64, 128, 1, 0.7f, KVA_F16, KVA_F16, 5, c5, f5, 0, 0, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
   run_graph_case(ctx);

@@ -23,6 +23,7 @@
 #define KVA_CUDA_EXTEND_WGMMA_CUH
 
 #include "cuda/extend_kernel.cuh"
+#include "cuda/online_max.cuh"
 
 #define KVA_WG_THREADS 256
 #define KVA_WG_BM 128
@@ -161,9 +162,9 @@ static __device__ __forceinline__ void wg_issue_pv(float o[D / 2], uint32_t pk[B
 }
 
 /* Scale or soft-cap, mask and online softmax of S (valid, fenced) into P;
- * returns whether some row of the warp got a new maximum (then O must be
- * multiplied by alpha once the previous P V is done). p_w: position of the
- * warp's first row. */
+ * returns whether the running max of some row of the warp moved (by more
+ * than the slack of online_max.cuh; then O must be multiplied by alpha once
+ * the previous P V is done). p_w: position of the warp's first row. */
 template <int QT, int BN = 128>
 static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN / 8][2], float m[2],
                                                  float l[2], float alpha[2], int k0, int need_mask,
@@ -210,7 +211,7 @@ static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN
   int rescale = 0;
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
-    const float mx = fmaxf(m[hf], mx2[hf] * mul);
+    const float mx = kva_online_max(m[hf], mx2[hf] * mul);
     const float m_use = mx == -INFINITY ? 0.f : mx;
     alpha[hf] = kva_ex2(m[hf] - m_use);
     rescale |= mx != m[hf];

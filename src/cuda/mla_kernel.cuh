@@ -29,6 +29,7 @@
 #include <stdint.h>
 
 #include "cuda/mla.h"
+#include "cuda/online_max.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/split_merge.cuh"
 
@@ -563,7 +564,7 @@ static __device__ __forceinline__ void mla_softmax_tile(float s[4 * NJ], float m
   for (int hf = 0; hf < 2; hf++) {
     mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 1));
     mx[hf] = fmaxf(mx[hf], __shfl_xor_sync(0xffffffffu, mx[hf], 2));
-    const float mn = fmaxf(m[hf], mx[hf]);
+    const float mn = kva_online_max(m[hf], mx[hf]);
     const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0, no NaN */
     c[hf] = kva_ex2(m[hf] - mu);
     m[hf] = mn;

@@ -171,6 +171,11 @@ int main(int argc, char **argv) {
   /* long key ranges (up to 7 key tiles of 128): the rings wrap within an item */
   cases.push_back({128, KVA_BF16, 0, 16, 2, 1, 1, -1, 2, 0.f, 0.f, {700}, {140}});
   cases.push_back({128, KVA_F16, 0, 7, 4, 2, 0, -1, 3, 0.f, 0.f, {300, 500}, {130, 70}});
+  /* sharp logits (base-2 spread ~15-40): a row's max moves by more than the
+   * online max's slack in later tiles, and by less in others */
+  cases.push_back({128, KVA_BF16, 0, 16, 2, 1, 1, -1, 2, 0.f, 1.2f, {700}, {140}});
+  cases.push_back({64, KVA_F16, 0, 16, 2, 1, 0, -1, 2, 0.f, 2.0f, {400}, {130}});
+  cases.push_back({256, KVA_BF16, 0, 64, 2, 1, 1, -1, 2, 0.f, 0.8f, {300}, {150}});
   { Case z = {128, KVA_BF16, 0, 16, 2, 1, 1, -1, 1, 0.f, 0.f, {0, 40, 0}, {20, 100, 150}}; z.zero_first = 1; cases.push_back(z); }
   { Case z = {128, KVA_F16, 1, 16, 2, 1, 0, -1, 2, 0.f, 0.f, {0, 0}, {300, 100}}; z.zero_first = 1; cases.push_back(z); }
   /* d64 / d256 long key ranges (the rings wrap within an item), GQA 4:1 and MQA */
@@ -207,6 +212,7 @@ int main(int argc, char **argv) {
     c.grid = 1 + rnd() % 4;
     c.softcap = rnd() % 4 == 0 ? 3.f + (rnd() % 40) : 0.f;
     c.sm_scale = rnd() % 4 == 0 ? 0.05f + (rnd() % 100) * 0.002f : 0.f;
+    if (rnd() % 8 == 0) c.sm_scale = 0.5f + (rnd() % 100) * 0.015f; /* sharp */
     int B = 1 + rnd() % 3;
     for (int r = 0; r < B; r++) {
       c.cached.push_back(rnd() % 3 == 0 ? 0 : (int)(rnd() % 200));

@@ -138,6 +138,10 @@ int main(int argc, char **argv) {
   cases.push_back({KVA_BF16, 0, 64, 128, 1, 2, 64, 2, 0.f, {190}, {2}});
   cases.push_back({KVA_BF16, 0, 5, 24, 1, 5, 16, 8, 0.f, {0, 33, 7}, {5, 8, 1}});
   cases.push_back({KVA_F16, 1, 64, 128, 1, 3, 64, 2, 0.f, {200, 64}, {2, 1}});
+  /* sharp logits (base-2 spread ~25-35): later blocks move a row's max by
+   * more than the online max's slack, others by less */
+  cases.push_back({KVA_BF16, 0, 64, 64, 1, 2, 64, 1, 1.0f, {500}, {1}});
+  cases.push_back({KVA_F16, 0, 64, 128, 1, 2, 64, 2, 0.7f, {400, 90}, {2, 1}});
   for (int i = 0; i < nrand; i++) {
     Case c;
     const int pss[4] = {64, 16, 1, 7}, blks[3] = {16, 64, 128}, hqs[6] = {16, 32, 64, 128, 8, 24};
@@ -150,6 +154,7 @@ int main(int argc, char **argv) {
     c.block = blks[rnd() % 3];
     c.max_q_cap = rnd() % 3 == 0 ? 1 + (int)(rnd() % 8) : 1 + (int)(rnd() % 2);
     c.sm_scale = rnd() % 4 == 0 ? 0.02f + (rnd() % 50) * 0.002f : 0.f;
+    if (rnd() % 8 == 0) c.sm_scale = 0.3f + (rnd() % 100) * 0.01f; /* sharp */
     /* keep the emulated work bounded: fewer keys for many rows */
     const int kmax = c.hq * c.max_q_cap > 64 ? 160 : 300;
     const int B = 1 + rnd() % 3;
