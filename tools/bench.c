@@ -129,22 +129,13 @@ int bench_fill_pool(kva_context *ctx, kva_pool *pool, cli_rng *rng) {
   return 0;
 }
 
-/* Median time of o->iters runs of kva_attention (CUDA: launches back to back
- * on a different layer each; see usage). */
-int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
-                         int layers, const kva_attn_params *ap_in, const void *q, void *out,
-                         bench_timing *res) {
-  kva_attn_params ap = *ap_in;
-  int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
-  double *times = (double *)malloc((size_t)iters * sizeof(double));
-  double *host = (double *)malloc((size_t)iters * sizeof(double));
-  if (!times || !host) {
-    free(times);
-    free(host);
-    return 1;
-  }
+/* The timed samples of bench_time_attention into times / host (iters
+ * each); its early returns leave the buffers to the caller. */
+static int bench_samples(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
+                         int layers, const kva_attn_params *ap, const void *q, void *out,
+                         double *times, double *host, int iters, bench_timing *res) {
   for (int w = 0; w < (o->dev == KVA_DEVICE_CUDA ? 3 : 1); w++)
-    CLI_TRY(kva_attention(plan, pool, w % layers, &ap, q, out, NULL, o->dtype));
+    CLI_TRY(kva_attention(plan, pool, w % layers, ap, q, out, NULL, o->dtype));
   CLI_TRY(kva_synchronize(ctx));
   /* CUDA: each sample is `reps` launches back to back (a different layer
    * each), as in a forward pass or a graph replay, so a short kernel's time
@@ -159,13 +150,13 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
         if (cli_gpu_time_begin(ctx) != 0) return 1;
         const double h0 = cli_now(); /* the host's side of a call: checks, maps, launch */
         for (int r = 0; r < reps; r++)
-          CLI_TRY(kva_attention(plan, pool, (it * reps + r) % layers, &ap, q, out, NULL, o->dtype));
+          CLI_TRY(kva_attention(plan, pool, (it * reps + r) % layers, ap, q, out, NULL, o->dtype));
         host[it] = (cli_now() - h0) / reps;
         if (cli_gpu_time_end(ctx, &ms) != 0) return 1;
         times[it] = ms * 1e-3 / reps;
       } else {
         double t0 = cli_now();
-        CLI_TRY(kva_attention(plan, pool, it % layers, &ap, q, out, NULL, o->dtype));
+        CLI_TRY(kva_attention(plan, pool, it % layers, ap, q, out, NULL, o->dtype));
         times[it] = host[it] = cli_now() - t0;
       }
     }
@@ -183,12 +174,28 @@ int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
   res->t_host = host[iters / 2];
   res->iters = iters;
   res->reps = reps;
+  return 0;
+}
+
+/* Median time of o->iters runs of kva_attention (CUDA: launches back to back
+ * on a different layer each; see usage). */
+int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
+                         int layers, const kva_attn_params *ap_in, const void *q, void *out,
+                         bench_timing *res) {
+  kva_attn_params ap = *ap_in;
+  int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
+  double *times = (double *)malloc((size_t)iters * sizeof(double));
+  double *host = (double *)malloc((size_t)iters * sizeof(double));
+  int rc = 1;
+  if (times && host)
+    rc = bench_samples(ctx, o, plan, pool, layers, &ap, q, out, times, host, iters, res);
   free(times);
   free(host);
+  if (rc != 0) return rc;
   /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline, or the
    * prefill ws kernel's phase sums in a KVA_EXT_TRACE build */
   if (o->dev == KVA_DEVICE_CUDA)
-    return bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, reps);
+    return bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, res->reps);
   return 0;
 }
 

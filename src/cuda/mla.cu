@@ -51,31 +51,26 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
              : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
 }
 
-/* KVA_MLA_KERNEL=v2|v5 forces a kernel (A/B); 0 = by the batch's rows. */
-static int mla_kernel_forced(void) {
-  static int v = -1; /* read once: launches are replayed under CUDA graphs */
-  if (v < 0) {
-    const char *env = getenv("KVA_MLA_KERNEL");
-    v = env == NULL                 ? 0
-        : strcmp(env, "v2") == 0 ? 2
-        : strcmp(env, "v5") == 0 ? 5
-                                 : 0;
-  }
-  return v;
-}
-
-/* An integer A/B switch from the environment, read once like
- * KVA_MLA_KERNEL: dflt when unset or empty. */
+/* An integer A/B switch from the environment, read once (launches are
+ * replayed under CUDA graphs): dflt when unset or empty; a leading 'v' is
+ * skipped (KVA_MLA_KERNEL=v5). */
 typedef struct mla_env_switch {
   int read, value;
 } mla_env_switch;
 static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
   if (!sw->read) {
     const char *env = getenv(name);
-    sw->value = env == NULL || env[0] == '\0' ? dflt : atoi(env);
+    sw->value = env == NULL || env[0] == '\0' ? dflt : atoi(env + (env[0] == 'v'));
     sw->read = 1;
   }
   return sw->value;
+}
+
+/* KVA_MLA_KERNEL=v2|v5 forces a kernel (A/B); 0 = by the batch's rows. */
+static int mla_kernel_forced(void) {
+  static mla_env_switch sw;
+  const int v = mla_env_int(&sw, "KVA_MLA_KERNEL", 0);
+  return v == 2 || v == 5 ? v : 0;
 }
 
 /* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
