@@ -140,6 +140,29 @@ static __device__ __forceinline__ void mla_convert(unsigned char *tile, const un
   }
 }
 
+/* The Q tile (bf16, any swizzle: element-wise in place) -> f16 times
+ * 2^-KVA_MLA_FP8_Q_SHIFT, saturated to f16's range: fp8 latents with bf16
+ * Q run the tensor cores in f16, where e4m3 -> f16 is one instruction per
+ * two values (-> bf16 took four and bound the kernel). Exact for 2^-6 <=
+ * |q| <= 2^23 (f16 normals after the shift); the shift is undone in the
+ * logits' multiplier. */
+#define KVA_MLA_FP8_Q_SHIFT 8
+static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
+  const float sc = 1.0f / (float)(1 << KVA_MLA_FP8_Q_SHIFT), big = 65504.0f;
+#pragma unroll 2
+  for (int i = tid; i < KVA_MLA_QTILE / 16; i += KVA_MLA_THREADS) {
+    uint4 *const p = (uint4 *)q + i;
+    uint32_t w[4] = {p->x, p->y, p->z, p->w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const float lo = __uint_as_float(w[k] << 16) * sc;
+      const float hi = __uint_as_float(w[k] & 0xffff0000u) * sc;
+      w[k] = kva_pack_f16x2(fminf(fmaxf(lo, -big), big), fminf(fmaxf(hi, -big), big));
+    }
+    *p = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 template <int QT>
 static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
   return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
@@ -545,14 +568,15 @@ template <int QT, int NJ, bool KEEP_P>
 static __device__ __forceinline__ void mla_softmax_tile(float s[4 * NJ], float m[2], float l[2],
                                                         float c[2], uint32_t pk[NJ][2], int kt,
                                                         int k1, int cached, const int pos[2],
-                                                        const kva_mla_args &a, int tq) {
+                                                        const kva_mla_args &a, float qk_mul,
+                                                        int tq) {
   const bool need_mask = kt + 8 * NJ > k1 || (a.causal && kt + 8 * NJ - 1 > cached);
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < NJ; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      float x = s[4 * j + e] * a.qk_mul;
+      float x = s[4 * j + e] * qk_mul;
       if (need_mask) {
         const int key = kt + 8 * j + 2 * tq + (e & 1);
         if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
@@ -590,12 +614,13 @@ template <int QT>
 static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64], float m[2],
                                                       float l[2], const int pos[2], int kt, int k1,
                                                       int cached, const kva_mla_args &a,
-                                                      uint32_t s_cur, int wg, int tq) {
+                                                      float qk_mul, uint32_t s_cur, int wg,
+                                                      int tq) {
   constexpr int BN = KVA_MLA_BN, NJ = BN / 8;
   /* ---- logits (base 2), mask, online softmax; P -> registers ---- */
   uint32_t pk[NJ][2];
   float alpha[2];
-  mla_softmax_tile<QT, NJ, false>(s, m, l, alpha, pk, kt, k1, cached, pos, a, tq);
+  mla_softmax_tile<QT, NJ, false>(s, m, l, alpha, pk, kt, k1, cached, pos, a, qk_mul, tq);
   /* a row's max rarely moves after the first tiles: skip the rescale */
   if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) mla_scale_o(o, alpha);
 
@@ -634,6 +659,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mla_kernel(const __grid_constant__ kva_mla_args a) {
   constexpr int QTILE = KVA_MLA_QTILE, TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8;
   constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
+  /* the tensor cores' type: f16 for fp8 latents (see mla_q_bf16_to_f16) */
+  constexpr int CT = KV8 ? KVA_F16 : QT;
+  const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
   static_assert(NJ == 4 && NS >= 3, "tile shape");
   static_assert(KVA_MLA_SMEM(KV8) <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -715,11 +743,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
       __syncthreads();
       if (KV8) {
-        mla_convert<QT>(p_kv, p_kv + 2 * TILE, tid);
+        if (CT != QT) mla_q_bf16_to_f16(p_q, tid);
+        mla_convert<CT>(p_kv, p_kv + 2 * TILE, tid);
         kva_fence_proxy_async_smem();
         __syncthreads();
       }
-      mla_issue_s<QT>(s, s_q, s_kv, wg);
+      mla_issue_s<CT>(s, s_q, s_kv, wg);
       kva_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&s[i]);
@@ -747,13 +776,14 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       if (KV8) {
         s_cur = s_kv + (it & 1) * TILE;
         s_nx = s_kv + ((it + 1) & 1) * TILE;
-        mla_convert<QT>(p_kv + ((it + 1) & 1) * TILE, p_kv + 2 * TILE + ((it + 1) % NS) * TILE8, tid);
+        mla_convert<CT>(p_kv + ((it + 1) & 1) * TILE, p_kv + 2 * TILE + ((it + 1) % NS) * TILE8,
+                        tid);
         kva_fence_proxy_async_smem();
         __syncthreads();
       }
       float sn[4 * NJ];
-      mla_issue_s<QT>(sn, s_q, s_nx, wg);
-      mla_softmax_pv<QT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, s_cur, wg, tq);
+      mla_issue_s<CT>(sn, s_q, s_nx, wg);
+      mla_softmax_pv<CT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, qk_mul, s_cur, wg, tq);
       /* tile it+1's S summed while P V runs */
       kva_wgmma_wait<1>();
 #pragma unroll
@@ -766,7 +796,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     }
     if (ntiles > 0) { /* the last tile: its stage landed and was synced above */
       const int it = ntiles - 1;
-      mla_softmax_pv<QT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a,
+      mla_softmax_pv<CT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, qk_mul,
                          KV8 ? s_kv + (it & 1) * TILE : s_kv + (it % NS) * TILE, wg, tq);
       kva_wgmma_wait<0>();
       mla_fence_o(o);

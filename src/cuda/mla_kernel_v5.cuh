@@ -397,7 +397,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       mla5_rows<TMA>(nx1, pt, kt1 + 2 * BN, more1 ? k1 : 0, a, tw);
       if (wg == 0) {
         MLA5_CLK(ta0);
-        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt0, k1, cached, pos, a, tq); /* m = m0 */
+        /* m = m0 */
+        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt0, k1, cached, pos, a, a.qk_mul, tq);
         mla5_put(sc0, sm0, c, m, wq, g, tq);
         mla5_signal(KVA_MLA5_BAR_C0);
         if (__any_sync(0xffffffffu, c[0] != 1.0f || c[1] != 1.0f)) mla_scale_o(o, c);
@@ -483,7 +484,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 #pragma unroll
         for (int hf = 0; hf < 2; hf++) l[hf] *= c0[hf];
         /* c = c1, m = m1 */
-        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt1, k1, cached, pos, a, tq);
+        mla_softmax_tile<QT, 8, true>(s, m, l, c, pk, kt1, k1, cached, pos, a, a.qk_mul, tq);
         mla5_put(sc1, sm1, c, m, wq, g, tq);
         mla5_signal(KVA_MLA5_BAR_C1);
         mla5_store_p(p_p1, pk, wq, g, tq);

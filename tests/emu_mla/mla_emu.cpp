@@ -141,6 +141,9 @@ int main(int argc, char **argv) {
   /* sharp logits (base-2 spread ~25-35): later blocks move a row's max by
    * more than the online max's slack, others by less */
   cases.push_back({KVA_BF16, 0, 64, 64, 1, 2, 64, 1, 1.0f, {500}, {1}});
+  /* fp8 latents with bf16 Q (v2 runs them in f16): long, s_q 2, sharp */
+  cases.push_back({KVA_BF16, 1, 64, 128, 1, 3, 64, 2, 0.f, {300, 77}, {2, 1}});
+  cases.push_back({KVA_BF16, 1, 16, 32, 1, 2, 32, 2, 0.6f, {400}, {2}});
   cases.push_back({KVA_F16, 0, 64, 128, 1, 2, 64, 2, 0.7f, {400, 90}, {2, 1}});
   for (int i = 0; i < nrand; i++) {
     Case c;
