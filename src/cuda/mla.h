@@ -25,12 +25,14 @@ extern "C" {
 #define KVA_MLA_TILE (KVA_MLA_D / 64 * KVA_MLA_BN * 128)  /* 36864 */
 #define KVA_MLA_TILE8 (KVA_MLA_BN * KVA_MLA_D)            /* fp8 staging tile: 18432 */
 /* v2 (mla_kernel.cuh): ring of NS 16-bit tiles (two in flight while one
- * is computed on); fp8: NS byte tiles and two converted 16-bit tiles (tile
- * i's V is read while tile i+1's K is). The S exchange holds one
- * warpgroup's half, then the sum: [BN / 8 float4][128]. */
-#define KVA_MLA_STAGES(kv8) 4
+ * is computed on); fp8: NS = 2 byte tiles in flight and three converted
+ * 16-bit tiles (tile i's V and tile i+1's K are read while tile i+2 is
+ * converted). The S exchange holds one warpgroup's half, then the sum:
+ * [BN / 8 float4][128]. */
+#define KVA_MLA_STAGES(kv8) ((kv8) ? 2 : 4)
+#define KVA_MLA_SLOTS8 3 /* converted 16-bit tiles (fp8) */
 #define KVA_MLA_RING(kv8)                                                           \
-  ((kv8) ? 2 * KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8                    \
+  ((kv8) ? KVA_MLA_SLOTS8 * KVA_MLA_TILE + KVA_MLA_STAGES(1) * KVA_MLA_TILE8       \
          : KVA_MLA_STAGES(0) * KVA_MLA_TILE)
 #define KVA_MLA_XS2 (KVA_MLA_BN / 8 * 128 * 16) /* 8192 */
 #define KVA_MLA_SMEM(kv8) (1024 + KVA_MLA_QTILE + KVA_MLA_RING(kv8) + KVA_MLA_XS2 + 16) /* 230416 */

@@ -120,15 +120,19 @@ static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
                        : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
 }
 
-/* fp8 byte tile [32][576] -> 16-bit swizzled tile (Q's type): 16 bytes in,
- * two 16-byte chunks out. */
+/* This thread's chunks of an fp8 byte tile [32][576] (the ones its
+ * mla_issue_row copied: row tid / 8, chunks (tid % 8) + 8 i) -> the 16-bit
+ * swizzled tile (type QT): 16 bytes in, two 16-byte chunks out. Only its
+ * own cp.async copies are read, so no barrier is needed before, and the
+ * stage may take its next copies right after. */
 template <int QT>
-static __device__ __forceinline__ void mla_convert(unsigned char *tile, const unsigned char *st8,
-                                                   int tid) {
+static __device__ __forceinline__ void mla_convert_own(unsigned char *tile,
+                                                       const unsigned char *st8, int tid) {
+  const int row = tid >> 3;
 #pragma unroll
   for (int i = 0; i < 5; i++) {
-    const int idx = tid + KVA_MLA_THREADS * i, row = idx / 36, c8 = idx - row * 36;
-    if (idx >= KVA_MLA_BN * 36) break;
+    const int c8 = (tid & 7) + 8 * i;
+    if (c8 >= KVA_MLA_D / 16) break;
     const uint4 x = *(const uint4 *)(st8 + row * KVA_MLA_D + c8 * 16);
     *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8)) =
         make_uint4(mla_e4m3x2<QT>(x.x), mla_e4m3x2<QT>(x.x >> 16), mla_e4m3x2<QT>(x.y),
@@ -359,8 +363,10 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
  * registers; issue P V of tile it; wait for the S group, sum the halves
  * through smem (one named barrier); wait for P V. So the tensor cores run
  * S(it+1) under the softmax of tile it and P V(it) under the S exchange;
- * O is rescaled only when a row's max moved. fp8: tile it+1's bytes are
- * converted into the other of two 16-bit tiles before its S. */
+ * O is rescaled only when a row's max moved. fp8: each thread converts
+ * its own copies of tile it+2 into the third 16-bit tile while S(it+1) and
+ * P V(it) run, then refills that byte stage with tile it+4 (two byte tiles
+ * in flight), so the conversion needs no barrier of its own. */
 template <int QT, int KV8>
 __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mla_kernel(const __grid_constant__ kva_mla_args a) {
@@ -369,14 +375,16 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   /* the tensor cores' type: f16 for fp8 latents (see mla_q_bf16_to_f16) */
   constexpr int CT = KV8 ? KVA_F16 : QT;
   const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
-  static_assert(NJ == 4 && NS >= 3, "tile shape");
+  constexpr int SLOTS8 = KVA_MLA_SLOTS8;
+  static_assert(NJ == 4 && (KV8 ? NS == 2 : NS >= 3), "tile shape");
   static_assert(KVA_MLA_SMEM(KV8) <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
   unsigned char *const p_q = smem + (s_q - s_raw);
-  /* 16-bit: stage i at s_kv + i TILE. fp8: 16-bit tile j (= key tile % 2)
-   * at s_kv + j TILE, byte stage i at s_kv + 2 TILE + i TILE8. */
+  /* 16-bit: stage i at s_kv + i TILE. fp8: 16-bit tile j (= key tile % 3)
+   * at s_kv + j TILE, byte stage i (= key tile % 2) at s_kv + 3 TILE + i
+   * TILE8. */
   const uint32_t s_kv = s_q + QTILE;
   unsigned char *const p_kv = p_q + QTILE;
   float4 *const xs = (float4 *)(p_q + QTILE + KVA_MLA_RING(KV8)); /* [NJ][128] */
@@ -419,17 +427,23 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     /* Q, KV and the outputs belong to the kernels before this one (PDL) */
     kva_griddep_wait();
     if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
-    /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each */
+    /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each
+     * (fp8: NS = 2, so tile 1 alone in group 1) */
     mla_issue_q(s_q, a, tok0, row0, rows, tid);
 #pragma unroll
     for (int i = 0; i < NS - 1; i++) {
       if (i < ntiles)
-        mla_issue_kv<KV8>(KV8 ? s_kv + 2 * TILE + i * TILE8 : s_kv + i * TILE, kvg, pt, k0 + i * BN,
-                          k1, a, tid, kv_pol);
+        mla_issue_kv<KV8>(KV8 ? s_kv + SLOTS8 * TILE + i * TILE8 : s_kv + i * TILE, kvg, pt,
+                          k0 + i * BN, k1, a, tid, kv_pol);
+      kva_cp_async_commit();
+    }
+    if (KV8) { /* tile 1 too: the loop converts two tiles ahead */
+      if (1 < ntiles)
+        mla_issue_kv<KV8>(s_kv + SLOTS8 * TILE + TILE8, kvg, pt, k0 + BN, k1, a, tid, kv_pol);
       kva_cp_async_commit();
     }
     /* KV slot of this thread's row of the next tile to load (-1: none) */
-    int nslot = mla_slot(pt, k0 + (NS - 1) * BN + (tid >> 3), k1, a);
+    int nslot = mla_slot(pt, k0 + (KV8 ? 2 : NS - 1) * BN + (tid >> 3), k1, a);
 
     /* this thread's accumulator rows: tile rows 16 wq + g + 8 hf */
     int pos[2];
@@ -446,12 +460,22 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 4 * NJ; i++) s[i] = 0.0f;
     if (ntiles > 0) {
-      kva_cp_async_wait<NS - 2>();  /* this thread's copies of tile 0 and Q landed */
-      kva_fence_proxy_async_smem(); /* cp.async data -> wgmma (async proxy) */
+      kva_cp_async_wait<KV8 ? 1 : NS - 2>(); /* this thread's copies of tile 0 and Q landed */
+      kva_fence_proxy_async_smem();          /* cp.async data -> wgmma (async proxy) */
       __syncthreads();
       if (KV8) {
+        /* Q (every thread's copies: after the barrier), then tiles 0 and
+         * 1 into slots 0 and 1, each stage refilled with tile 2 and 3 */
         if (CT != QT) mla_q_bf16_to_f16(p_q, tid);
-        mla_convert<CT>(p_kv, p_kv + 2 * TILE, tid);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          if (i == 1) kva_cp_async_wait<1>(); /* tile 1 */
+          if (i < ntiles) mla_convert_own<CT>(p_kv + i * TILE, p_kv + SLOTS8 * TILE + i * TILE8, tid);
+          if (i + 2 < ntiles)
+            mla_issue_row<KV8>(s_kv + SLOTS8 * TILE + i * TILE8, kvg, nslot, tid, kv_pol);
+          kva_cp_async_commit();
+          nslot = mla_slot(pt, k0 + (i + 3) * BN + (tid >> 3), k1, a);
+        }
         kva_fence_proxy_async_smem();
         __syncthreads();
       }
@@ -466,31 +490,42 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
      * softmax (straight-line wgmma code: ptxas serializes wgmma around
      * conditional issue) */
     for (int it = 0; it + 1 < ntiles; it++) {
-      kva_cp_async_wait<NS - 3>();  /* this thread's copies of tile it+1 landed */
-      kva_fence_proxy_async_smem();
-      /* everyone's did; every P V of tile it-1 is complete (its stage is
-       * free) */
-      __syncthreads();
-      {
+      uint32_t s_cur, s_nx;
+      if (KV8) {
+        /* tile it+1 was converted (every thread's part) and fenced during
+         * tile it-1, whose P V is complete: its slot takes tile it+2 */
+        __syncthreads();
+        s_cur = s_kv + (it % SLOTS8) * TILE;
+        s_nx = s_kv + ((it + 1) % SLOTS8) * TILE;
+      } else {
+        kva_cp_async_wait<NS - 3>(); /* this thread's copies of tile it+1 landed */
+        kva_fence_proxy_async_smem();
+        /* everyone's did; every P V of tile it-1 is complete (its stage is
+         * free) */
+        __syncthreads();
         const int nx = it + NS - 1, st = nx % NS;
-        if (nx < ntiles)
-          mla_issue_row<KV8>(KV8 ? s_kv + 2 * TILE + st * TILE8 : s_kv + st * TILE, kvg, nslot, tid,
-                             kv_pol);
+        if (nx < ntiles) mla_issue_row<KV8>(s_kv + st * TILE, kvg, nslot, tid, kv_pol);
         kva_cp_async_commit();
         nslot = mla_slot(pt, k0 + (nx + 1) * BN + (tid >> 3), k1, a); /* used next tile */
-      }
-      uint32_t s_cur = s_kv + (it % NS) * TILE, s_nx = s_kv + ((it + 1) % NS) * TILE;
-      if (KV8) {
-        s_cur = s_kv + (it & 1) * TILE;
-        s_nx = s_kv + ((it + 1) & 1) * TILE;
-        mla_convert<CT>(p_kv + ((it + 1) & 1) * TILE, p_kv + 2 * TILE + ((it + 1) % NS) * TILE8,
-                        tid);
-        kva_fence_proxy_async_smem();
-        __syncthreads();
+        s_cur = s_kv + (it % NS) * TILE;
+        s_nx = s_kv + ((it + 1) % NS) * TILE;
       }
       float sn[4 * NJ];
       mla_issue_s<CT>(sn, s_q, s_nx, wg);
       mla_softmax_pv<CT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, qk_mul, s_cur, wg, tq);
+      if (KV8) {
+        /* tile it+2 converted under S(it+1) and P V(it); its byte stage
+         * then takes tile it+4 */
+        const int nx = it + 2, st = nx & 1;
+        kva_cp_async_wait<1>(); /* this thread's copies of tile it+2 */
+        if (nx < ntiles)
+          mla_convert_own<CT>(p_kv + (nx % SLOTS8) * TILE, p_kv + SLOTS8 * TILE + st * TILE8, tid);
+        if (nx + 2 < ntiles)
+          mla_issue_row<KV8>(s_kv + SLOTS8 * TILE + st * TILE8, kvg, nslot, tid, kv_pol);
+        kva_cp_async_commit();
+        nslot = mla_slot(pt, k0 + (nx + 3) * BN + (tid >> 3), k1, a);
+        kva_fence_proxy_async_smem(); /* for S(it+2), after the next barrier */
+      }
       /* tile it+1's S summed while P V runs */
       kva_wgmma_wait<1>();
 #pragma unroll
@@ -504,7 +539,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     if (ntiles > 0) { /* the last tile: its stage landed and was synced above */
       const int it = ntiles - 1;
       mla_softmax_pv<CT>(s, o, m, l, pos, k0 + it * BN, k1, cached, a, qk_mul,
-                         KV8 ? s_kv + (it & 1) * TILE : s_kv + (it % NS) * TILE, wg, tq);
+                         KV8 ? s_kv + (it % SLOTS8) * TILE : s_kv + (it % NS) * TILE, wg, tq);
       kva_wgmma_wait<0>();
       mla_fence_o(o);
     }
