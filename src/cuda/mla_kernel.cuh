@@ -113,7 +113,7 @@ static __device__ __forceinline__ void mla_issue_q(uint32_t dst, const kva_mla_a
   }
 }
 
-/* two e4m3 (low 16 bits of x) -> Q's type (exact) */
+/* two e4m3 (low 16 bits of x) -> QT (the tensor cores' type; exact) */
 template <int QT>
 static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
   return QT == KVA_F16 ? kva_cvt_e4m3x2_f16x2((uint16_t)(x & 0xffffu))
@@ -146,9 +146,9 @@ static __device__ __forceinline__ void mla_convert_own(unsigned char *tile,
 /* The Q tile (bf16, any swizzle: element-wise in place) -> f16 times
  * 2^-KVA_MLA_FP8_Q_SHIFT, saturated to f16's range: fp8 latents with bf16
  * Q run the tensor cores in f16, where e4m3 -> f16 is one instruction per
- * two values (-> bf16 took four and bound the kernel). Exact for 2^-6 <=
- * |q| <= 2^23 (f16 normals after the shift); the shift is undone in the
- * logits' multiplier. */
+ * two values (-> bf16 took four). Exact for 2^-6 <= |q| <= 2^23 (f16
+ * normals after the shift); the shift is undone in the logits'
+ * multiplier. NaN stays NaN. */
 #define KVA_MLA_FP8_Q_SHIFT 8
 static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
   const float sc = 1.0f / (float)(1 << KVA_MLA_FP8_Q_SHIFT), big = 65504.0f;
@@ -160,7 +160,9 @@ static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int t
     for (int k = 0; k < 4; k++) {
       const float lo = __uint_as_float(w[k] << 16) * sc;
       const float hi = __uint_as_float(w[k] & 0xffff0000u) * sc;
-      w[k] = kva_pack_f16x2(fminf(fmaxf(lo, -big), big), fminf(fmaxf(hi, -big), big));
+      /* saturate; NaN stays NaN */
+      w[k] = kva_pack_f16x2(fabsf(lo) > big ? copysignf(big, lo) : lo,
+                            fabsf(hi) > big ? copysignf(big, hi) : hi);
     }
     *p = make_uint4(w[0], w[1], w[2], w[3]);
   }
