@@ -180,22 +180,21 @@ static int bench_samples(kva_context *ctx, const bench_opts *o, kva_plan *plan, 
 /* Median time of o->iters runs of kva_attention (CUDA: launches back to back
  * on a different layer each; see usage). */
 int bench_time_attention(kva_context *ctx, const bench_opts *o, kva_plan *plan, kva_pool *pool,
-                         int layers, const kva_attn_params *ap_in, const void *q, void *out,
+                         int layers, const kva_attn_params *ap, const void *q, void *out,
                          bench_timing *res) {
-  kva_attn_params ap = *ap_in;
   int iters = o->iters > 0 ? o->iters : (o->dev == KVA_DEVICE_CUDA ? 30 : 5);
   double *times = (double *)malloc((size_t)iters * sizeof(double));
   double *host = (double *)malloc((size_t)iters * sizeof(double));
   int rc = 1;
   if (times && host)
-    rc = bench_samples(ctx, o, plan, pool, layers, &ap, q, out, times, host, iters, res);
+    rc = bench_samples(ctx, o, plan, pool, layers, ap, q, out, times, host, iters, res);
   free(times);
   free(host);
   if (rc != 0) return rc;
   /* KVA_DEC_TRACE: the split-KV (decode, MLA) kernels' timeline, or the
    * prefill ws kernel's phase sums in a KVA_EXT_TRACE build */
   if (o->dev == KVA_DEVICE_CUDA)
-    return bench_dec_trace(ctx, plan, pool, layers, &ap, q, out, o->dtype, res->reps);
+    return bench_dec_trace(ctx, plan, pool, layers, ap, q, out, o->dtype, res->reps);
   return 0;
 }
 

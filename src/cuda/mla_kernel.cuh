@@ -143,6 +143,27 @@ static __device__ __forceinline__ void mla_convert_own(unsigned char *tile,
   }
 }
 
+/* fp8, one step of the conversion pipeline: this thread's part of tile nx
+ * (landed in byte stage nx % 2) into 16-bit tile nx % 3, then its chunks of
+ * that byte stage refilled with tile nx + 2 (one commit group). nslot: the
+ * slot of this thread's row of tile nx + 2 on entry, of tile nx + 3 on
+ * return. */
+template <int CT>
+static __device__ __forceinline__ void mla_fp8_step(unsigned char *p_kv, uint32_t s_kv, int nx,
+                                                    int ntiles, const unsigned char *kvg,
+                                                    int &nslot, const int32_t *pt, int k0,
+                                                    int k1, const kva_mla_args &a, int tid,
+                                                    uint64_t pol) {
+  constexpr int TILE = KVA_MLA_TILE, TILE8 = KVA_MLA_TILE8, SLOTS8 = KVA_MLA_SLOTS8;
+  const int st = nx & 1;
+  if (nx < ntiles)
+    mla_convert_own<CT>(p_kv + (nx % SLOTS8) * TILE, p_kv + SLOTS8 * TILE + st * TILE8, tid);
+  if (nx + 2 < ntiles)
+    mla_issue_row<1>(s_kv + SLOTS8 * TILE + st * TILE8, kvg, nslot, tid, pol);
+  kva_cp_async_commit();
+  nslot = mla_slot(pt, k0 + (nx + 3) * KVA_MLA_BN + (tid >> 3), k1, a);
+}
+
 /* The Q tile (bf16, any swizzle: element-wise in place) -> f16 times
  * 2^-KVA_MLA_FP8_Q_SHIFT, saturated to f16's range: fp8 latents with bf16
  * Q run the tensor cores in f16, where e4m3 -> f16 is one instruction per
@@ -378,6 +399,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   constexpr int CT = KV8 ? KVA_F16 : QT;
   const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
   constexpr int SLOTS8 = KVA_MLA_SLOTS8;
+  constexpr int AHEAD = KV8 ? 2 : NS - 1; /* tiles the prologue loads */
   static_assert(NJ == 4 && (KV8 ? NS == 2 : NS >= 3), "tile shape");
   static_assert(KVA_MLA_SMEM(KV8) <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -429,23 +451,18 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     /* Q, KV and the outputs belong to the kernels before this one (PDL) */
     kva_griddep_wait();
     if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
-    /* prologue: Q and tile 0 in group 0, tiles 1 .. NS-2 one group each
-     * (fp8: NS = 2, so tile 1 alone in group 1) */
+    /* prologue: Q and tile 0 in group 0, tiles 1 .. AHEAD-1 one group
+     * each (16-bit: NS - 2 in flight; fp8: the byte stages' two) */
     mla_issue_q(s_q, a, tok0, row0, rows, tid);
 #pragma unroll
-    for (int i = 0; i < NS - 1; i++) {
+    for (int i = 0; i < AHEAD; i++) {
       if (i < ntiles)
         mla_issue_kv<KV8>(KV8 ? s_kv + SLOTS8 * TILE + i * TILE8 : s_kv + i * TILE, kvg, pt,
                           k0 + i * BN, k1, a, tid, kv_pol);
       kva_cp_async_commit();
     }
-    if (KV8) { /* tile 1 too: the loop converts two tiles ahead */
-      if (1 < ntiles)
-        mla_issue_kv<KV8>(s_kv + SLOTS8 * TILE + TILE8, kvg, pt, k0 + BN, k1, a, tid, kv_pol);
-      kva_cp_async_commit();
-    }
     /* KV slot of this thread's row of the next tile to load (-1: none) */
-    int nslot = mla_slot(pt, k0 + (KV8 ? 2 : NS - 1) * BN + (tid >> 3), k1, a);
+    int nslot = mla_slot(pt, k0 + AHEAD * BN + (tid >> 3), k1, a);
 
     /* this thread's accumulator rows: tile rows 16 wq + g + 8 hf */
     int pos[2];
@@ -469,15 +486,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
         /* Q (every thread's copies: after the barrier), then tiles 0 and
          * 1 into slots 0 and 1, each stage refilled with tile 2 and 3 */
         if (CT != QT) mla_q_bf16_to_f16(p_q, tid);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          if (i == 1) kva_cp_async_wait<1>(); /* tile 1 */
-          if (i < ntiles) mla_convert_own<CT>(p_kv + i * TILE, p_kv + SLOTS8 * TILE + i * TILE8, tid);
-          if (i + 2 < ntiles)
-            mla_issue_row<KV8>(s_kv + SLOTS8 * TILE + i * TILE8, kvg, nslot, tid, kv_pol);
-          kva_cp_async_commit();
-          nslot = mla_slot(pt, k0 + (i + 3) * BN + (tid >> 3), k1, a);
-        }
+        mla_fp8_step<CT>(p_kv, s_kv, 0, ntiles, kvg, nslot, pt, k0, k1, a, tid, kv_pol);
+        kva_cp_async_wait<1>(); /* tile 1 */
+        mla_fp8_step<CT>(p_kv, s_kv, 1, ntiles, kvg, nslot, pt, k0, k1, a, tid, kv_pol);
         kva_fence_proxy_async_smem();
         __syncthreads();
       }
@@ -518,14 +529,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       if (KV8) {
         /* tile it+2 converted under S(it+1) and P V(it); its byte stage
          * then takes tile it+4 */
-        const int nx = it + 2, st = nx & 1;
         kva_cp_async_wait<1>(); /* this thread's copies of tile it+2 */
-        if (nx < ntiles)
-          mla_convert_own<CT>(p_kv + (nx % SLOTS8) * TILE, p_kv + SLOTS8 * TILE + st * TILE8, tid);
-        if (nx + 2 < ntiles)
-          mla_issue_row<KV8>(s_kv + SLOTS8 * TILE + st * TILE8, kvg, nslot, tid, kv_pol);
-        kva_cp_async_commit();
-        nslot = mla_slot(pt, k0 + (nx + 3) * BN + (tid >> 3), k1, a);
+        mla_fp8_step<CT>(p_kv, s_kv, it + 2, ntiles, kvg, nslot, pt, k0, k1, a, tid, kv_pol);
         kva_fence_proxy_async_smem(); /* for S(it+2), after the next barrier */
       }
       /* tile it+1's S summed while P V runs */
