@@ -11,6 +11,7 @@ typedef struct {
   kva_dtype dtype, kv_dtype;
   int mla, sq; /* --mode mla: FlashMLA decode with sq new tokens per request */
   int deterministic; /* --deterministic: the plan's config flag */
+  int warm_ms; /* --warm-ms: CUDA launches back to back this long before timing */
 } bench_opts;
 
 typedef struct {
