@@ -69,11 +69,11 @@ int bench_run_mla(kva_context *ctx, const bench_opts *o, int B, int L, double ce
            "\"causal\":%d,\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%d,"
            "\"time_ms\":%.4f,\"kv_gbps\":%.1f,\"tflops\":%.2f,\"tflops_exact\":%.2f,"
            "\"ceiling_gbps\":%.1f,\"ratio\":%.3f,\"bound\":\"%s\",\"launches_per_sample\":%d,"
-           "\"single_ms\":%.4f,\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d}\n",
+           "\"single_ms\":%.4f,\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"warm_ms\":%d}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", B, L, o->varlen, o->hq, sq, D, DV, o->page,
            kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), o->causal, layers, tm.iters,
            kv_tokens, B * sq, t * 1e3, gbps, tflops, tflops_exact, ceiling, gbps / ceiling, bound,
-           tm.reps, tm.t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block);
+           tm.reps, tm.t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block, o->warm_ms);
   } else {
     printf("mla     B=%-4d L=%-6d%s heads=%d:1 sq=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s "
            "latent read, ratio %.3f (ceiling %.1f GB/s), %.2f TFLOP/s [%s-bound]\n",
