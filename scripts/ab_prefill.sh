@@ -23,18 +23,7 @@ rows() {
     echo "--mode mixed --batch 32 --ctx 2048 --prefix 8192 --heads 16:16 --head-dim 128 --causal 0"
     return
   fi
-  for s in 512 1024 2048 4096 8192 16384; do
-    echo "--batch $((16384 / s)) --ctx $s --heads 16:16 --head-dim 128 --causal 1"
-  done
-  if [ "${AB_SHAPES:-quick}" = full ]; then
-    for s in 1024 4096 16384; do
-      b=$((16384 / s))
-      echo "--batch $b --ctx $s --heads 16:16 --head-dim 128 --causal 0"
-      echo "--batch $b --ctx $s --heads 16:16 --head-dim 64 --causal 1"
-      echo "--batch $b --ctx $s --heads 16:16 --head-dim 256 --causal 1"
-      echo "--batch $b --ctx $s --heads 32:8 --head-dim 128 --causal 1"
-    done
-  fi
+  bash "$(dirname "$0")/prefill_rows.sh" "${AB_SHAPES:-quick}"
 }
 for rep in $(seq "$n"); do
   rows | while read -r cfg; do

@@ -7,22 +7,16 @@
 # event reasons during each run. Table last; raw JSON in $OUT/sustained.jsonl.
 #   [WARM_MS=1500] [SAMPLES=300] [ROWS=all|quick] bash scripts/prefill_sustained.sh
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 K=${KVA_BIN:-.dist}/kvattn OUT=${OUT:-/tmp/kva_out}
 W=${WARM_MS:-1500} N=${SAMPLES:-300}
 mkdir -p "$OUT"
 J="$OUT/sustained.jsonl"
 : >"$J"
-rows() { # B S HQ HKV D CAUSAL
-  for s in 512 1024 2048 4096 8192 16384; do echo "$((16384 / s)) $s 16 16 128 1"; done
-  [ "${ROWS:-all}" = quick ] && return
-  for s in 1024 4096 16384; do
-    b=$((16384 / s))
-    echo "$b $s 16 16 128 0"
-    echo "$b $s 16 16 64 1"
-    echo "$b $s 16 16 256 1"
-    echo "$b $s 32 8 128 1"
-  done
+# B S HQ HKV D CAUSAL of each row (scripts/prefill_rows.sh's bench arguments)
+rows() {
+  bash scripts/prefill_rows.sh "$([ "${ROWS:-all}" = quick ] && echo quick || echo full)" |
+    sed -E 's/--batch ([0-9]+) --ctx ([0-9]+) --heads ([0-9]+):([0-9]+) --head-dim ([0-9]+) --causal ([01])/\1 \2 \3 \4 \5 \6/'
 }
 # nvidia-smi in the background; prints its pid
 smi_start() {
@@ -68,8 +62,9 @@ theirs() {
 }
 i=0
 while read -r b s hq hkv d c; do
-  if [ $((i % 2)) -eq 0 ]; then ours $b $s $hq $hkv $d $c; theirs $b $s $hq $hkv $d $c
-  else theirs $b $s $hq $hkv $d $c; ours $b $s $hq $hkv $d $c; fi
+  row=("$b" "$s" "$hq" "$hkv" "$d" "$c")
+  if [ $((i % 2)) -eq 0 ]; then ours "${row[@]}"; theirs "${row[@]}"
+  else theirs "${row[@]}"; ours "${row[@]}"; fi
   i=$((i + 1))
 done < <(rows)
 python3 - "$J" <<'PY'
