@@ -334,7 +334,8 @@ static void usage(FILE *f) {
           "split-KV workers and block (0 = backend default). --deterministic: plans that give\n"
           "bitwise-reproducible output (CUDA decode keeps every chunk's planned keys).\n"
           "--warm-ms MS (CUDA): launches back to back for MS ms before timing, so that the\n"
-          "samples see the clock the GPU holds under sustained load (its power cap).\n"
+          "samples see the clock the GPU holds under sustained load (its power cap); the\n"
+          "copy ceiling is then timed after MS ms of copies too.\n"
           "--json: one object per configuration.\n");
 }
 
@@ -439,7 +440,7 @@ int cli_bench(int argc, char **argv) {
     fprintf(stderr, "kvattn bench: %s: %s\n", kva_strerror(st), kva_last_error());
     return st == KVA_ERR_NO_DEVICE ? 77 : 1;
   }
-  double ceiling = o.dev == KVA_DEVICE_CUDA ? cli_gpu_copy_ceiling_gbps(ctx)
+  double ceiling = o.dev == KVA_DEVICE_CUDA ? cli_gpu_copy_ceiling_gbps(ctx, o.warm_ms)
                                             : cpu_copy_ceiling(kva_context_num_workers(ctx));
   if (!(ceiling > 0)) {
     fprintf(stderr, "kvattn bench: could not measure the copy ceiling\n");

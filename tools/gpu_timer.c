@@ -5,6 +5,7 @@
 #ifdef KVA_WITH_CUDA
 #include <cuda_runtime.h>
 
+#include "cli_common.h"
 #include "core/internal.h"
 
 static cudaEvent_t ev_begin, ev_end;
@@ -16,7 +17,7 @@ static int ok(cudaError_t e, const char *what) {
   return 0;
 }
 
-double cli_gpu_copy_ceiling_gbps(kva_context *ctx) {
+double cli_gpu_copy_ceiling_gbps(kva_context *ctx, int warm_ms) {
   size_t n = (size_t)1 << 30;
   void *a = NULL, *b = NULL;
   if (kva_malloc(ctx, n, &a) != KVA_OK || kva_malloc(ctx, n, &b) != KVA_OK) {
@@ -27,6 +28,11 @@ double cli_gpu_copy_ceiling_gbps(kva_context *ctx) {
   double ms_sorted[10];
   int good = ok(cudaMemsetAsync(a, 1, n, s), "cudaMemsetAsync");
   for (int w = 0; w < 3 && good; w++) good = ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  const double t0 = cli_now();
+  for (int w = 0; good && warm_ms > 0 && cli_now() - t0 < warm_ms * 1e-3; w++) {
+    good = ok(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+    if (good && w % 8 == 7) good = ok(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  }
   for (int i = 0; i < 10 && good; i++) {
     double ms;
     good = cli_gpu_time_begin(ctx) == 0 &&
@@ -62,8 +68,9 @@ int cli_gpu_time_end(kva_context *ctx, double *ms) {
   return 0;
 }
 #else
-double cli_gpu_copy_ceiling_gbps(kva_context *ctx) {
+double cli_gpu_copy_ceiling_gbps(kva_context *ctx, int warm_ms) {
   (void)ctx;
+  (void)warm_ms;
   return 0;
 }
 int cli_gpu_time_begin(kva_context *ctx) {
