@@ -67,7 +67,7 @@ while read -r b s hq hkv d c; do
   else theirs "${row[@]}"; ours "${row[@]}"; fi
   i=$((i + 1))
 done < <(rows)
-python3 - "$J" <<'PY'
+python3 - "$J" "$W" <<'PY'
 import json, sys
 rows = {}
 for line in open(sys.argv[1]):
@@ -75,8 +75,7 @@ for line in open(sys.argv[1]):
     s = r.get("ctx", r.get("seq"))
     key = (r["heads"], r["head_dim"], int(r["causal"]), s)
     rows.setdefault(key, {})[r["side"]] = r
-print("sustained prefill (warm %s ms each side): TFLOP/s [median SM MHz, W]" % next(iter(
-    next(iter(rows.values())).values()))["warm_ms"])
+print("sustained prefill (warm %s ms each side): TFLOP/s [median SM MHz, W]" % sys.argv[2])
 for key in sorted(rows, key=lambda k: (k[2] == 0, k[1], k[0], k[3])):
     a, c = rows[key].get("kvattn"), rows[key].get("cudnn")
     f = lambda r: "%6.1f [%4.0f, %3.0f]" % (r["tflops"], r["clock_mhz"], r["power_w"]) if r else "  --  "
