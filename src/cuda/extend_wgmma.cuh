@@ -164,8 +164,16 @@ static __device__ __forceinline__ void wg_issue_pv(float o[D / 2], uint32_t pk[B
 /* Scale or soft-cap, mask and online softmax of S (valid, fenced) into P;
  * returns whether the running max of some row of the warp moved (by more
  * than the slack of online_max.cuh; then O must be multiplied by alpha once
- * the previous P V is done). p_w: position of the warp's first row. */
-template <int QT, int BN = 128>
+ * the previous P V is done). p_w: position of the warp's first row.
+ *
+ * SPEC: once every row of the warp has a running max, the exponentials are
+ * first taken against it without the tile's row max (64 max operations and
+ * 4 shuffles per thread at BN = 128, and the max -> exp dependency). That
+ * stands if every p <= 2^slack, i.e. the max would not have moved: checked
+ * on each thread's share of the row sums (each p is at most its thread's
+ * sum; NaN and inf fail too). Otherwise the warp redoes the tile as before.
+ * Either way P, l and m come out as the max-first code computes them. */
+template <int QT, int BN = 128, int SPEC = 0>
 static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN / 8][2], float m[2],
                                                  float l[2], float alpha[2], int k0, int need_mask,
                                                  int p_w, int kv_len, int causal, int window_left,
@@ -191,6 +199,30 @@ static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN
           const int key = k0 + j * 8 + 2 * (lane & 3) + e;
           if (key >= jhi || key < jlo) s[4 * j + 2 * hf + e] = -INFINITY;
         }
+    }
+  }
+  if (SPEC && !__any_sync(0xffffffffu, m[0] == -INFINITY || m[1] == -INFINITY)) {
+    float ts[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < BN / 8; j++) {
+        const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m[hf]));
+        const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m[hf]));
+        acc[j & 3] += p0 + p1;
+        pk[j][hf] = ext_pack<QT>(p0, p1);
+      }
+      ts[hf] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+    }
+    constexpr float P_MAX = (float)(1 << (int)KVA_MAX_SLACK_LOG2);
+    if (!__any_sync(0xffffffffu, !(ts[0] <= P_MAX && ts[1] <= P_MAX))) {
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        alpha[hf] = 1.f;
+        l[hf] += ts[hf]; /* as below with alpha = ex2(0) = 1 */
+      }
+      return 0;
     }
   }
   /* Row max and sum as 4-way trees per half row (both halves independent):

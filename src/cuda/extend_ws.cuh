@@ -57,6 +57,12 @@
 #define KVA_WS_BM KVA_WS_TILE_ROWS /* query rows of an item (the plan's tile rows) */
 /* KVA_WS_BN(d), the key tile: extend.h */
 #define KVA_WS_STAGES(d) ((d) == 64 ? 5 : (d) == 128 ? 3 : 2)
+/* wg_softmax's SPEC: exponentials against the running max first (1, the
+ * default: +2-7% on the H100's prefill rows, docs/performance.md, fourteenth
+ * session); -DKVA_WS_SPEC=0 builds the max-first softmax for A/B */
+#ifndef KVA_WS_SPEC
+#define KVA_WS_SPEC 1
+#endif
 #define KVA_WS_PROD_REGS 40  /* 128 x (40 + 2 x 232) = 64512 <= 64K registers */
 #define KVA_WS_CONS_REGS 232 /* launch: 65536 / 384 -> 168 per thread */
 /* barriers: q_full and q_empty of each Q half (consumer warpgroup), then per
@@ -455,8 +461,9 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     WS_ACC(2, tw3 - tw2);
     kva_mbar_arrive(bk + 8);             /* K stage free */
     kva_mbar_arrive_if(c.q_empty, last); /* Q free after the item's last S */
-    rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w, c.kv_len,
-                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, c.lane);
+    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w,
+                                              c.kv_len, a.causal, a.window_left, a.qk_mul,
+                                              a.cap_log2, c.lane);
     WS_CLK(tw4);
     WS_ACC(3, tw4 - tw3);
     wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
@@ -473,8 +480,9 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     wg_fence_acc<BN / 2>(s);
     kva_mbar_arrive(bk + 8);
     kva_mbar_arrive_if(c.q_empty, last);
-    rescale = wg_softmax<QT, BN>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w, c.kv_len,
-                                 a.causal, a.window_left, a.qk_mul, a.cap_log2, c.lane);
+    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w,
+                                              c.kv_len, a.causal, a.window_left, a.qk_mul,
+                                              a.cap_log2, c.lane);
     if (rescale) wg_rescale<D>(o, alpha);
   }
   t++;
