@@ -8,7 +8,7 @@
  * warpgroups x 64) everywhere; key tiles of 128 keys at D = 64 and 128, of
  * 64 at D = 256, where O alone is 128 fp32 registers per consumer thread and
  * Q (64 KB) plus 2 stages of K and V (32 KB tiles) fill the smem. D = 64
- * tiles are 16 KB: 5 stages. A tile of R rows is D / 64 column blocks of
+ * tiles are 16 KB: 4 stages (5 and 6 measured no faster). A tile of R rows is D / 64 column blocks of
  * [R][128 B] (the wgmma 128-byte swizzle atom).
  *
  * A CTA is 3 warpgroups (384 threads):
@@ -32,6 +32,8 @@
  * pingpong between the two warpgroups: a token passed through named
  * barriers 1 and 2 orders their GEMM issues (consumer 0, 1, 0, 1, ...), so
  * one warpgroup's softmax runs while the tensor cores do the other's GEMMs.
+ * Not at D = 64, where a tile's GEMMs are half as long and the two
+ * warpgroups issue as they come: +1-3% there (fourteenth session).
  *
  * Item handoff: the producer takes each round's item from a counter
  * (head-major order, see ws_producer), prefetches its Q rows into L2, and
@@ -56,7 +58,10 @@
 #define KVA_WS_THREADS 384
 #define KVA_WS_BM KVA_WS_TILE_ROWS /* query rows of an item (the plan's tile rows) */
 /* KVA_WS_BN(d), the key tile: extend.h */
-#define KVA_WS_STAGES(d) ((d) == 64 ? 5 : (d) == 128 ? 3 : 2)
+#ifndef KVA_WS_STAGES64 /* -D for A/B */
+#define KVA_WS_STAGES64 4
+#endif
+#define KVA_WS_STAGES(d) ((d) == 64 ? KVA_WS_STAGES64 : (d) == 128 ? 3 : 2)
 /* wg_softmax's SPEC: exponentials against the running max first (1, the
  * default: +2-7% on the H100's prefill rows, docs/performance.md, fourteenth
  * session); -DKVA_WS_SPEC=0 builds the max-first softmax for A/B */
@@ -78,7 +83,7 @@ static __device__ __forceinline__ uint32_t ws_q_empty(uint32_t s_bar, int hf) {
 #define KVA_WS_QTILE(d) (KVA_WS_BM * (d)*2)          /* bytes of the Q tile */
 #define KVA_WS_KVTILE(d) (KVA_WS_BN(d) * (d)*2)      /* ... of a K or V tile */
 /* 1 KB alignment slack, Q, K ring, V ring, barriers, three items' scalars and
- * the producer's two item indices (d=128: 230784 B, 64: 181760, 256: 198016) */
+ * the producer's two item indices (d=128: 230784 B, 64: 148992, 256: 198016) */
 #define KVA_WS_SMEM(d)                                                                 \
   (1024 + KVA_WS_QTILE(d) + 2 * KVA_WS_STAGES(d) * KVA_WS_KVTILE(d) + KVA_WS_BAR_BYTES(d) + \
    KVA_EXT_ITEM_BYTES)
@@ -404,12 +409,19 @@ static __device__ __forceinline__ void ws_producer_tma(const kva_ext_args *ap, c
 }
 
 /* Consumer: one GEMM turn of the pingpong (S_n and, if any, P_{n-1} V_{n-1}
- * issued between the wait for this warpgroup's token and its handoff). */
+ * issued between the wait for this warpgroup's token and its handoff); no-ops
+ * where the head dim runs without it (d=64; -DKVA_WS_PINGPONG64=1 for A/B). */
+#ifndef KVA_WS_PINGPONG64
+#define KVA_WS_PINGPONG64 0
+#endif
+#define KVA_WS_PINGPONG(d) ((d) == 64 ? KVA_WS_PINGPONG64 : 1)
+template <int D>
 static __device__ __forceinline__ void ws_turn_wait(int cw) {
-  kva_bar_sync(cw ? KVA_WS_BAR_WG1 : KVA_WS_BAR_WG0, 256);
+  if (KVA_WS_PINGPONG(D)) kva_bar_sync(cw ? KVA_WS_BAR_WG1 : KVA_WS_BAR_WG0, 256);
 }
+template <int D>
 static __device__ __forceinline__ void ws_turn_pass(int cw) {
-  kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
+  if (KVA_WS_PINGPONG(D)) kva_bar_arrive(cw ? KVA_WS_BAR_WG0 : KVA_WS_BAR_WG1, 256);
 }
 
 /* A consumer's loop invariants over one item. */
@@ -449,12 +461,12 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     WS_CLK(tw1);
     WS_ACC(10, tw1 - tw0);
     if (!TMA) kva_fence_proxy_async_smem();     /* cp.async data (generic proxy) -> wgmma */
-    ws_turn_wait(c.cw);
+    ws_turn_wait<D>(c.cw);
     WS_CLK(tw2);
     WS_ACC(11, tw2 - tw1);
     wg_issue_s<QT, D, BN>(s, c.q_wg, c.s_k + st * KVT);
     wg_issue_pv<QT, D, BN>(o, pk, c.s_v + sp * KVT);
-    ws_turn_pass(c.cw);
+    ws_turn_pass<D>(c.cw);
     kva_wgmma_wait<1>(); /* S is the older group: P V may still run */
     wg_fence_acc<BN / 2>(s);
     WS_CLK(tw3);
@@ -473,9 +485,9 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
   } else {
     kva_mbar_wait(bk, par);
     if (!TMA) kva_fence_proxy_async_smem();
-    ws_turn_wait(c.cw);
+    ws_turn_wait<D>(c.cw);
     wg_issue_s<QT, D, BN>(s, c.q_wg, c.s_k + st * KVT);
-    ws_turn_pass(c.cw);
+    ws_turn_pass<D>(c.cw);
     kva_wgmma_wait<0>();
     wg_fence_acc<BN / 2>(s);
     kva_mbar_arrive(bk + 8);
@@ -555,7 +567,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
   const int row_w = 16 * ((tid >> 5) - 4); /* first tile row of the warp */
   const uint32_t q_wg = s_q + 64 * cw * 128; /* its 64 rows in every column block */
   const uint32_t q_full = ws_q_full(s_bar, cw), q_empty = ws_q_empty(s_bar, cw);
-  if (cw == 1) ws_turn_pass(1); /* consumer 0 issues first */
+  if (cw == 1) ws_turn_pass<D>(1); /* consumer 0 issues first */
 #ifdef KVA_EXT_TRACE
   const unsigned long long tr_entry = kva_globaltimer();
   WS_CLK(tr_c0);
@@ -676,7 +688,7 @@ __global__ void __launch_bounds__(KVA_WS_THREADS, 1)
 #endif
   /* consumer 1 passed the token last: consumer 0 takes it so that no named
    * barrier is left with pending arrivals */
-  if (cw == 0) ws_turn_wait(0);
+  if (cw == 0) ws_turn_wait<D>(0);
 }
 
 #endif /* KVA_CUDA_EXTEND_WS_CUH */
