@@ -161,6 +161,23 @@ static __device__ __forceinline__ void wg_issue_pv(float o[D / 2], uint32_t pk[B
   kva_wgmma_commit();
 }
 
+/* P of half row hf (its accumulator elements 4 j + 2 hf + e) against the
+ * max mu, packed into pk; returns this thread's share of the row sum, a
+ * 4-way tree (short dependency chains to interleave). */
+template <int QT, int BN>
+static __device__ __forceinline__ float wg_exp_half(const float s[BN / 2], uint32_t pk[BN / 8][2],
+                                                    int hf, float mul, float mu) {
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int j = 0; j < BN / 8; j++) {
+    const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -mu));
+    const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -mu));
+    acc[j & 3] += p0 + p1;
+    pk[j][hf] = ext_pack<QT>(p0, p1);
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
 /* Scale or soft-cap, mask and online softmax of S (valid, fenced) into P;
  * returns whether the running max of some row of the warp moved (by more
  * than the slack of online_max.cuh; then O must be multiplied by alpha once
@@ -204,17 +221,7 @@ static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN
   if (SPEC && !__any_sync(0xffffffffu, m[0] == -INFINITY || m[1] == -INFINITY)) {
     float ts[2];
 #pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < BN / 8; j++) {
-        const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m[hf]));
-        const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m[hf]));
-        acc[j & 3] += p0 + p1;
-        pk[j][hf] = ext_pack<QT>(p0, p1);
-      }
-      ts[hf] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-    }
+    for (int hf = 0; hf < 2; hf++) ts[hf] = wg_exp_half<QT, BN>(s, pk, hf, mul, m[hf]);
     constexpr float P_MAX = (float)(1 << (int)KVA_MAX_SLACK_LOG2);
     if (!__any_sync(0xffffffffu, !(ts[0] <= P_MAX && ts[1] <= P_MAX))) {
 #pragma unroll
@@ -248,15 +255,7 @@ static __device__ __forceinline__ int wg_softmax(float s[BN / 2], uint32_t pk[BN
     alpha[hf] = kva_ex2(m[hf] - m_use);
     rescale |= mx != m[hf];
     m[hf] = mx;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++) {
-      const float p0 = kva_ex2(fmaf(s[4 * j + 2 * hf], mul, -m_use));
-      const float p1 = kva_ex2(fmaf(s[4 * j + 2 * hf + 1], mul, -m_use));
-      acc[j & 3] += p0 + p1;
-      pk[j][hf] = ext_pack<QT>(p0, p1);
-    }
-    l[hf] = l[hf] * alpha[hf] + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    l[hf] = l[hf] * alpha[hf] + wg_exp_half<QT, BN>(s, pk, hf, mul, m_use);
   }
   return __any_sync(0xffffffffu, rescale);
 }
