@@ -8,8 +8,8 @@
  * warpgroups x 64) everywhere; key tiles of 128 keys at D = 64 and 128, of
  * 64 at D = 256, where O alone is 128 fp32 registers per consumer thread and
  * Q (64 KB) plus 2 stages of K and V (32 KB tiles) fill the smem. D = 64
- * tiles are 16 KB: 4 stages (5 and 6 measured no faster). A tile of R rows is D / 64 column blocks of
- * [R][128 B] (the wgmma 128-byte swizzle atom).
+ * tiles are 16 KB: 4 stages (5 and 6 measured no faster). A tile of R rows
+ * is D / 64 column blocks of [R][128 B] (the wgmma 128-byte swizzle atom).
  *
  * A CTA is 3 warpgroups (384 threads):
  *  - warpgroup 0, the producer (setmaxnreg.dec to KVA_WS_PROD_REGS): its
