@@ -473,9 +473,9 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     WS_ACC(2, tw3 - tw2);
     kva_mbar_arrive(bk + 8);             /* K stage free */
     kva_mbar_arrive_if(c.q_empty, last); /* Q free after the item's last S */
-    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w,
-                                              c.kv_len, a.causal, a.window_left, a.qk_mul,
-                                              a.cap_log2, c.lane);
+    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask,
+                                              c.p_first + c.row_w, c.kv_len, a.causal,
+                                              a.window_left, a.qk_mul, a.cap_log2, c.lane);
     WS_CLK(tw4);
     WS_ACC(3, tw4 - tw3);
     wg_finish_pv<D, BN>(o, pk, pn, m, l, alpha, rescale);
@@ -492,9 +492,9 @@ static __device__ __forceinline__ void ws_step(const kva_ext_args &a, const ws_c
     wg_fence_acc<BN / 2>(s);
     kva_mbar_arrive(bk + 8);
     kva_mbar_arrive_if(c.q_empty, last);
-    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask, c.p_first + c.row_w,
-                                              c.kv_len, a.causal, a.window_left, a.qk_mul,
-                                              a.cap_log2, c.lane);
+    rescale = wg_softmax<QT, BN, KVA_WS_SPEC>(s, pn, m, l, alpha, k0, need_mask,
+                                              c.p_first + c.row_w, c.kv_len, a.causal,
+                                              a.window_left, a.qk_mul, a.cap_log2, c.lane);
     if (rescale) wg_rescale<D>(o, alpha);
   }
   t++;
