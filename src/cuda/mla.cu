@@ -8,7 +8,9 @@
  * runs batches of >= 128 rows (q heads x new tokens: the compute-bound
  * ones, where it measured 15-30% faster than v2), v2 the rest (the two
  * within 1% there); KVA_MLA_KERNEL=v2|v5 forces one and KVA_MLA_TMA=0
- * keeps v5 on cp.async (A/B). Launch shapes come from plan capacities only
+ * keeps v5 on cp.async (A/B). v5 is launched in clusters of two row tiles
+ * (placement only: a worker's tile pair on one GPC; KVA_MLA_COLOC=1 turns
+ * it off). Launch shapes come from plan capacities only
  * (max_q_tokens, num_workers), never from the batch, so the same launch
  * replays under CUDA graphs (the kernel choice is the captured batch's). */
 #include <string.h>
@@ -18,9 +20,37 @@
 #include "cuda/mla_kernel.cuh"
 #include "cuda/mla_kernel_v5.cuh"
 
+/* Whether every SM can hold a CTA of fn (one per SM) in clusters of 2 at
+ * once: else a pair would wait for a second wave. H100 at 232 KB: 66
+ * clusters of 2 for 132 SMs (but 30 of 4). Cached per device in cache
+ * (0 unknown, 1 no, 2 yes); after the smem opt-in. */
+static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int cache[KVA_CUDA_OPTIN_DEVICES]) {
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  const int cached = dev >= 0 && dev < KVA_CUDA_OPTIN_DEVICES;
+  if (cached && __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE)) return cache[dev] == 2;
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(1, 2);
+  lc.blockDim = dim3(KVA_MLA_THREADS);
+  lc.dynamicSmemBytes = (size_t)smem;
+  cudaLaunchAttribute at = {};
+  at.id = cudaLaunchAttributeClusterDimension;
+  at.val.clusterDim.x = 1;
+  at.val.clusterDim.y = 2;
+  at.val.clusterDim.z = 1;
+  lc.attrs = &at;
+  lc.numAttrs = 1;
+  int sms = 0, n = 0;
+  const int ok = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                 cudaOccupancyMaxActiveClusters(&n, fn, &lc) == cudaSuccess && 2 * n >= sms;
+  if (!ok) (void)cudaGetLastError(); /* a refused query is not the next launch's error */
+  if (cached) __atomic_store_n(&cache[dev], ok ? 2 : 1, __ATOMIC_RELEASE);
+  return ok;
+}
+
 /* ver: 2 or 5 (5: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
-static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsigned gy,
+static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
                              cudaStream_t s) {
   /* per kernel */
   static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v5[2][KVA_CUDA_OPTIN_DEVICES];
@@ -37,18 +67,24 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, unsigned gx, unsign
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
    * previous layer) */
-  KVA_CUDA_TRY(kva_launch_pdl(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s, *a));
+  if (ver != 5 || KV8) coloc = 1;
+  if (coloc == 2) {
+    static int fits[2][KVA_CUDA_OPTIN_DEVICES];
+    coloc = mla_pairs_fit(fn, smem, fits[a->kv_tma != 0]) ? 2 : 1;
+  }
+  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
+                                      *a, 1u, (unsigned)coloc));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
   return KVA_OK;
 }
 
 extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver,
-                                     unsigned gx, unsigned gy, cudaStream_t stream) {
+                                     int coloc, unsigned gx, unsigned gy, cudaStream_t stream) {
   if (qt == KVA_F16)
-    return kv8 ? mla_launch<KVA_F16, 1>(a, ver, gx, gy, stream)
-               : mla_launch<KVA_F16, 0>(a, ver, gx, gy, stream);
-  return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, gx, gy, stream)
-             : mla_launch<KVA_BF16, 0>(a, ver, gx, gy, stream);
+    return kv8 ? mla_launch<KVA_F16, 1>(a, ver, coloc, gx, gy, stream)
+               : mla_launch<KVA_F16, 0>(a, ver, coloc, gx, gy, stream);
+  return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, coloc, gx, gy, stream)
+             : mla_launch<KVA_BF16, 0>(a, ver, coloc, gx, gy, stream);
 }
 
 /* An integer A/B switch from the environment, read once (launches are
@@ -77,6 +113,20 @@ static int mla_kernel_forced(void) {
 static int mla_tma_enabled(void) {
   static mla_env_switch sw;
   return mla_env_int(&sw, "KVA_MLA_TMA", 1) != 0;
+}
+
+/* v5's placement: row tiles 2y and 2y+1 of a worker (the same keys) are
+ * launched as a cluster of 2, so the pair runs on one GPC (the kernel has
+ * no cluster code). H100, 2026-11-25, against the same binary without:
+ * median +2% on FlashMLA's 12 compute-bound rows in bursts (11 of 12
+ * gained), +4 to +9% under sustained load (docs/performance.md,
+ * "Fifteenth session").
+ * ncu had v5 at 99% of the L2's throughput, each latent block going to
+ * every row tile of its request. KVA_MLA_COLOC=1 turns it off (A/B). */
+static int mla_coloc(int tiles) {
+  static mla_env_switch sw;
+  const int c = mla_env_int(&sw, "KVA_MLA_COLOC", 2);
+  return c == 2 && tiles % 2 == 0 ? 2 : 1;
 }
 
 /* kva_mla_args.l2_hints: both (3) unless KVA_MLA_L2=N says otherwise (A/B).
@@ -174,6 +224,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
 #else
   a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
 #endif
-  return kva_mla_launch(&a, dtype, kv8, ver, (unsigned)plan->cfg.num_workers, (unsigned)tiles,
-                        cs->stream);
+  return kva_mla_launch(&a, dtype, kv8, ver, mla_coloc(tiles), (unsigned)plan->cfg.num_workers,
+                        (unsigned)tiles, cs->stream);
 }

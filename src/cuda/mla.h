@@ -85,9 +85,10 @@ typedef struct kva_mla_args {
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 2 or 5 (5 with 16-bit latents only). */
-kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, unsigned grid_x,
-                          unsigned grid_y, cudaStream_t stream);
+ * 2 or 5 (5 with 16-bit latents only); coloc 2: v5's row tiles launched in
+ * clusters of 2 (a worker's tile pairs on one GPC), else 1. */
+kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, int coloc,
+                          unsigned grid_x, unsigned grid_y, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
