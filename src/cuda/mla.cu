@@ -23,12 +23,18 @@
 /* Whether every SM can hold a CTA of fn (one per SM) in clusters of 2 at
  * once: else a pair would wait for a second wave. H100 at 232 KB: 66
  * clusters of 2 for 132 SMs (but 30 of 4). Cached per device in cache
- * (0 unknown, 1 no, 2 yes); after the smem opt-in. */
-static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int cache[KVA_CUDA_OPTIN_DEVICES]) {
+ * (0 unknown, 1 no, 2 yes); after the smem opt-in. Not asked while s is
+ * being captured (no pairs then, until an eager launch has asked). */
+static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, cudaStream_t s,
+                         int cache[KVA_CUDA_OPTIN_DEVICES]) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
   const int cached = dev >= 0 && dev < KVA_CUDA_OPTIN_DEVICES;
   if (cached && __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE)) return cache[dev] == 2;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone)
+    return 0;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(1, 2);
   lc.blockDim = dim3(KVA_MLA_THREADS);
@@ -70,7 +76,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
   if (ver != 5 || KV8) coloc = 1;
   if (coloc == 2) {
     static int fits[2][KVA_CUDA_OPTIN_DEVICES];
-    coloc = mla_pairs_fit(fn, smem, fits[a->kv_tma != 0]) ? 2 : 1;
+    coloc = mla_pairs_fit(fn, smem, s, fits[a->kv_tma != 0]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
                                       *a, 1u, (unsigned)coloc));
