@@ -213,12 +213,12 @@ kva_status kva_cuda_simple_attention(kva_plan *plan, const kva_pool *pool, int l
 /* Launches fn as a programmatic dependent (PDL) of the kernel before it on
  * stream s: its launch and prologue (schedule and page-table lookups)
  * overlap that kernel's tail; fn runs griddepcontrol.wait before it touches
- * Q, KV or the outputs. With cluster_x x cluster_y > 1, in clusters of that
- * shape. */
+ * Q, KV or the outputs. With cluster_y > 1, in clusters of cluster_y CTAs
+ * along grid.y. */
 template <typename Args>
 static inline cudaError_t kva_launch_pdl_cluster(void (*fn)(Args), dim3 grid, dim3 block,
                                                  size_t smem, cudaStream_t s, Args args,
-                                                 unsigned cluster_x, unsigned cluster_y) {
+                                                 unsigned cluster_y) {
   cudaLaunchConfig_t lc = {};
   lc.gridDim = grid;
   lc.blockDim = block;
@@ -228,17 +228,17 @@ static inline cudaError_t kva_launch_pdl_cluster(void (*fn)(Args), dim3 grid, di
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster_x;
+  attr[1].val.clusterDim.x = 1;
   attr[1].val.clusterDim.y = cluster_y;
   attr[1].val.clusterDim.z = 1;
   lc.attrs = attr;
-  lc.numAttrs = cluster_x * cluster_y > 1 ? 2 : 1;
+  lc.numAttrs = cluster_y > 1 ? 2 : 1;
   return cudaLaunchKernelEx(&lc, fn, args);
 }
 template <typename Args>
 static inline cudaError_t kva_launch_pdl(void (*fn)(Args), dim3 grid, dim3 block, size_t smem,
                                          cudaStream_t s, Args args) {
-  return kva_launch_pdl_cluster(fn, grid, block, smem, s, args, 1u, 1u);
+  return kva_launch_pdl_cluster(fn, grid, block, smem, s, args, 1u);
 }
 #endif
 #endif /* KVA_CUDA_INTERNAL_H */

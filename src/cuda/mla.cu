@@ -79,7 +79,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
     coloc = mla_pairs_fit(fn, smem, s, fits[a->kv_tma != 0]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
-                                      *a, 1u, (unsigned)coloc));
+                                      *a, (unsigned)coloc));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
   return KVA_OK;
 }
