@@ -230,7 +230,9 @@ typedef struct kva_plan kva_plan;
  * begin_req..end_req inclusive, the first from position begin_pos, the last up
  * to end_pos (exclusive), those between whole. begin_split is the index of the
  * worker's first chunk among begin_req's splits. A worker with no work has
- * begin_req > end_req. */
+ * begin_req > end_req. begin_req and end_req are positions in the plan's
+ * sched_order (kva_plan_info): the identity for MHA pools; MLA plans walk
+ * the requests longest first, packed so that fewer of them are cut. */
 typedef struct kva_split_work {
   int32_t begin_req, begin_pos, end_req, end_pos, begin_split;
 } kva_split_work;
@@ -254,6 +256,8 @@ typedef struct kva_plan_info {
   const int32_t *split_indptr;       /* [num_requests + 1]: request r's splits are
                                         split_indptr[r] .. split_indptr[r+1]-1 */
   int num_splits_total;
+  const int32_t *sched_order;        /* [num_requests]: worker ranges walk
+                                        sched_order[begin_req..end_req] */
 } kva_plan_info;
 
 kva_status kva_plan_create(kva_req_table *table, const kva_plan_config *config, kva_plan **out);

@@ -3,7 +3,8 @@
 #   [KVA_AB="v2 v5"] bash scripts/ab_mla.sh [repeats]
 # KVA_AB: KVA_MLA_KERNEL values (default "v2 v5"; v5 runs 16-bit latents
 # only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path ..." (each
-# run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default}). AB_SHAPES: a file of
+# run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default}). Or environments:
+# KVA_AB_ENVS="name:VAR=value[,VAR=value] ..." on one binary. AB_SHAPES: a file of
 # bench arguments, one shape per line (default: the table's rows).
 set -uo pipefail
 K=${KVA_BIN:-.dist}/kvattn n=${1:-2}
@@ -14,14 +15,16 @@ shapes() {
     echo "--batch 128 --ctx 4096,8192 $cfg"
   done
 }
-variants=${KVA_AB_BINS:-${KVA_AB:-v2 v5}}
+variants=${KVA_AB_BINS:-${KVA_AB_ENVS:-${KVA_AB:-v2 v5}}}
 for rep in $(seq "$n"); do
   for v in $variants; do
+    envs=
     if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
+    elif [ -n "${KVA_AB_ENVS:-}" ]; then name=${v%%:*} envs=${v#*:} bin=$K kern=${KVA_AB_KERNEL:-}
     else name=$v bin=$K kern=$v; fi
     shapes | while read -r cfg; do
       # shellcheck disable=SC2086
-      KVA_MLA_KERNEL=$kern "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
+      env ${envs//,/ } KVA_MLA_KERNEL=$kern "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
         sed "s|^{|{\"kernel\":\"$name\",|"
     done
   done

@@ -205,6 +205,36 @@ static void test_correctness(void) {
   }
 }
 
+/* MLA plans walk the requests in the packed order (longest first): the
+ * plan's sched_order is a permutation that starts with the longest, and
+ * every worker's range is a run of it (test_correctness checked the
+ * output of such plans). */
+static void test_sched_order(void) {
+  kva_context *ctx = tu_cpu_context(2);
+  kva_pool *pool = tu_pool(ctx, KVA_LAYOUT_MLA, 1, 64, 16, 1, D, KVA_BF16);
+  kva_plan *plan = NULL;
+  if (!pool) {
+    CHECK(0, "setup: %s", kva_last_error());
+    goto out;
+  }
+  kva_plan_config pc = {5, 5, 16, 4, 16, 0};
+  CHECK_STATUS(kva_plan_create_paged(pool, &pc, 16, &plan), KVA_OK);
+  int32_t nn[5] = {1, 1, 1, 1, 1}, cs[5] = {40, 250, 17, 130, 90}, pt[5 * 16];
+  for (int i = 0; i < 5 * 16; i++) pt[i] = i % 64;
+  kva_paged_batch b = {5, nn, cs, pt, 16};
+  CHECK_STATUS(kva_plan_update_paged(plan, &b), KVA_OK);
+  kva_plan_info info;
+  CHECK_STATUS(kva_plan_get_info(plan, &info), KVA_OK);
+  int seen = 0;
+  for (int i = 0; i < 5; i++) seen |= 1 << info.sched_order[i];
+  CHECK(seen == 31, "sched_order is not a permutation of 0..4");
+  CHECK(info.sched_order[0] == 1, "sched_order[0] = %d, want the longest (1)", info.sched_order[0]);
+out:
+  kva_plan_destroy(plan);
+  kva_pool_destroy(pool);
+  kva_context_destroy(ctx);
+}
+
 /* The plan really splits a long request over the workers (so the combine
  * ran in test_correctness) and the scratch covers 8 tokens x 128 heads. */
 static void test_split_and_capacity(void) {
@@ -321,6 +351,7 @@ int main(void) {
   g_avx2 = kva_cpu_has_avx2();
   test_correctness();
   test_split_and_capacity();
+  test_sched_order();
   test_errors();
   return tu_summary("test_mla");
 }

@@ -1,5 +1,6 @@
 /* Planner properties on random batches (CPU context):
- *   - kva_split_schedule alone: every key of every nonempty request covered
+ *   - kva_split_schedule and kva_split_schedule_packed alone: every key of
+ *     every nonempty request covered
  *     exactly once, cuts on block boundaries, one chunk per (worker, request),
  *     split counts, the load-balance bound; workers 1..300, batches 1..512,
  *     lengths up to 128k;
@@ -57,19 +58,32 @@ static int rand_int(int lo, int hi) { return lo + (int)(next_u64() % (uint64_t)(
 
 /* ---- schedule checker ------------------------------------------------- */
 
-/* Checks a schedule of n requests with kv[] keys; returns 0 if consistent. */
+/* Checks a schedule of n requests with kv[] keys whose workers walk the
+ * requests in order[] (NULL: batch order), a chunk costing ovh blocks
+ * beyond its keys; returns 0 if consistent. */
 static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack,
                           const kva_split_work *work, const int32_t *indptr, int total,
-                          const char *what) {
+                          const int32_t *order, int ovh, const char *what) {
   int f0 = failures;
   EXPECT(indptr[0] == 0, "%s: split_indptr[0] = %d", what, indptr[0]);
+  if (order) { /* a permutation */
+    char *seen = (char *)calloc((size_t)n + 1, 1);
+    for (int i = 0; i < n && failures == f0; i++) {
+      EXPECT(order[i] >= 0 && order[i] < n && !seen[order[i]], "%s: order[%d] = %d", what, i,
+             order[i]);
+      if (failures == f0) seen[order[i]] = 1;
+    }
+    free(seen);
+    if (failures != f0) return 1;
+  }
+#define ORD(i) (order ? order[i] : (i))
   int64_t T = 0;
   int nonempty = 0;
   for (int r = 0; r < n; r++) {
     int s = indptr[r + 1] - indptr[r];
     if (kv[r] > 0) {
       EXPECT(s >= 1, "%s: request %d (kv %d) has %d splits", what, r, kv[r], s);
-      T += (kv[r] + block - 1) / block + OVERHEAD;
+      T += (kv[r] + block - 1) / block + ovh;
       nonempty++;
     } else {
       EXPECT(s == 0, "%s: empty request %d has %d splits", what, r, s);
@@ -77,7 +91,7 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
   }
   EXPECT(indptr[n] == total, "%s: split_indptr[n] = %d, returned %d", what, indptr[n], total);
   if (failures != f0) return 1;
-  int64_t payload = (T + nw - 1) / nw + OVERHEAD;
+  int64_t payload = (T + nw - 1) / nw + ovh;
 
   /* chunk j of request r: [lo, hi) and the worker that owns it */
   int32_t *lo = (int32_t *)malloc(((size_t)total + 1) * sizeof(int32_t));
@@ -96,14 +110,15 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
     EXPECT(k->begin_req >= 0 && k->end_req < n, "%s: worker %d requests %d..%d of %d", what, w,
            k->begin_req, k->end_req, n);
     if (failures != f0) break;
-    EXPECT(kv[k->begin_req] > 0 && kv[k->end_req] > 0,
+    EXPECT(kv[ORD(k->begin_req)] > 0 && kv[ORD(k->end_req)] > 0,
            "%s: worker %d starts or ends on an empty request", what, w);
     int64_t cost = 0;
-    for (int r = k->begin_req; r <= k->end_req && failures == f0; r++) {
+    for (int i = k->begin_req; i <= k->end_req && failures == f0; i++) {
+      const int r = ORD(i);
       if (kv[r] <= 0) continue; /* consumers skip zero-split requests */
-      int a = r == k->begin_req ? k->begin_pos : 0;
-      int b = r == k->end_req ? k->end_pos : kv[r];
-      int j = r == k->begin_req ? k->begin_split : 0;
+      int a = i == k->begin_req ? k->begin_pos : 0;
+      int b = i == k->end_req ? k->end_pos : kv[r];
+      int j = i == k->begin_req ? k->begin_split : 0;
       int s = indptr[r + 1] - indptr[r];
       EXPECT(a % block == 0, "%s: worker %d request %d starts at %d, block %d", what, w, r, a,
              block);
@@ -119,7 +134,7 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
       owner[id] = w;
       lo[id] = a;
       hi[id] = b;
-      cost += (b - a + block - 1) / block + OVERHEAD;
+      cost += (b - a + block - 1) / block + ovh;
     }
     EXPECT(cost <= payload + slack, "%s: worker %d cost %lld > payload %lld + slack %d", what, w,
            (long long)cost, (long long)payload, slack);
@@ -141,12 +156,13 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
   }
   /* every block and every chunk's overhead is paid by exactly one worker */
   if (failures == f0)
-    EXPECT(spent == T + (int64_t)OVERHEAD * (total - nonempty),
+    EXPECT(spent == T + (int64_t)ovh * (total - nonempty),
            "%s: workers spent %lld, want %lld", what, (long long)spent,
-           (long long)(T + (int64_t)OVERHEAD * (total - nonempty)));
+           (long long)(T + (int64_t)ovh * (total - nonempty)));
   free(lo);
   free(hi);
   free(owner);
+#undef ORD
   return failures != f0;
 }
 
@@ -159,7 +175,23 @@ static int run_schedule(int n, const int32_t *kv, int block, int nw, int slack,
   for (int w = 0; w < nw; w++) work[w].begin_req = work[w].end_req = -7; /* poison */
   for (int i = 0; i <= n; i++) indptr[i] = -7;
   int total = kva_split_schedule(n, kv, q, block, nw, slack, work, indptr);
-  int bad = check_schedule(n, kv, block, nw, slack, work, indptr, total, what);
+  int bad = check_schedule(n, kv, block, nw, slack, work, indptr, total, NULL, OVERHEAD, what);
+  /* the same batch in the packed order (MLA plans) */
+  int32_t *order = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
+  int64_t *keys = (int64_t *)malloc(((size_t)n + 1) * sizeof(int64_t));
+  int32_t *nxt = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t));
+  for (int w = 0; w < nw; w++) work[w].begin_req = work[w].end_req = -7;
+  for (int i = 0; i <= n; i++) indptr[i] = -7;
+  for (int i = 0; i < n; i++) order[i] = -7;
+  char w2[160];
+  snprintf(w2, sizeof(w2), "%s, packed", what);
+  const int ovh = rand_int(0, 2) ? rand_int(1, 6) : 0; /* 0: the default, OVERHEAD */
+  total = kva_split_schedule_packed(n, kv, block, nw, slack, ovh, work, indptr, order, keys, nxt);
+  bad |= check_schedule(n, kv, block, nw, slack, work, indptr, total, order,
+                        ovh ? ovh : OVERHEAD, w2);
+  free(order);
+  free(keys);
+  free(nxt);
   free(work);
   free(indptr);
   free(q);
@@ -215,7 +247,35 @@ static void test_schedule(void) {
     EXPECT(total > 128, "128 x 8192 keys on 132 workers, no slack: %d splits", total);
     total = kva_split_schedule(128, eq, NULL, 64, 132, 1, work, indptr);
     EXPECT(total == 128, "128 x 8192 keys on 132 workers, slack 1: %d splits, want 128", total);
-    check_schedule(128, eq, 64, 132, 1, work, indptr, total, "128 x 8192, slack 1");
+    check_schedule(128, eq, 64, 132, 1, work, indptr, total, NULL, OVERHEAD, "128 x 8192, slack 1");
+  }
+  {
+    /* FlashMLA's varlen table rows: 128 requests of N(L, L/2) keys on 132
+     * workers. The packed order cuts far fewer requests (simulated: 113 ->
+     * 61 cuts at L = 4096) and leaves fewer of three or more chunks. */
+    kva_split_work work[132];
+    int32_t vl[128], indptr[129], order[128], nxt[129];
+    int64_t keys[128];
+    for (int L = 4096; L <= 8192; L *= 2)
+      for (int trial = 0; trial < 4; trial++) {
+        for (int r = 0; r < 128; r++) { /* Box-Muller, clipped at 1 */
+          double u1 = (next_u64() % 1000000 + 1) / 1000001.0, u2 = (next_u64() % 1000000) / 1e6;
+          double x = L + L / 2.0 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+          vl[r] = x < 1 ? 1 : (int32_t)x;
+        }
+        int seq = kva_split_schedule(128, vl, NULL, 64, 132, 6, work, indptr);
+        int seq3 = 0, pk3 = 0;
+        for (int r = 0; r < 128; r++) seq3 += indptr[r + 1] - indptr[r] >= 3;
+        /* the CUDA backend's slack and overhead at 64 rows */
+        int pk = kva_split_schedule_packed(128, vl, 64, 132, 6, 4, work, indptr, order, keys, nxt);
+        for (int r = 0; r < 128; r++) pk3 += indptr[r + 1] - indptr[r] >= 3;
+        check_schedule(128, vl, 64, 132, 6, work, indptr, pk, order, 4, "varlen 128, packed");
+        EXPECT((pk - 128) * 4 <= (seq - 128) * 3,
+               "varlen 128 x N(%d, %d): packed %d cuts, in order %d", L, L / 2, pk - 128,
+               seq - 128);
+        EXPECT(pk3 <= seq3, "varlen 128 x N(%d, %d): %d requests of 3+ chunks packed, %d in order",
+               L, L / 2, pk3, seq3);
+      }
   }
   for (int r = 0; r < 512; r++) kv[r] = 131072;
   run_schedule(512, kv, 64, 1, 0, "512 x 128k on one worker");
@@ -234,7 +294,7 @@ typedef struct snapshot {
 static size_t info_ints(const kva_plan_info *in) {
   int n = in->num_requests;
   return (size_t)(n + 1) * 4 + (size_t)n * 2 + (size_t)n * (size_t)in->page_table_stride +
-         (size_t)in->kv_indptr[n] + (size_t)in->total_q + (size_t)in->num_workers * 5;
+         (size_t)in->kv_indptr[n] + (size_t)in->total_q + (size_t)in->num_workers * 5 + (size_t)n;
 }
 static void take_snapshot(const kva_plan *plan, snapshot *s) {
   TRY(kva_plan_get_info(plan, &s->info));
@@ -258,6 +318,7 @@ static void take_snapshot(const kva_plan *plan, snapshot *s) {
   PUT(in->kv_indices, in->kv_indptr[n]);
   PUT(in->out_cache_loc, in->total_q);
   PUT(in->split_schedule, (size_t)in->num_workers * 5);
+  PUT(in->sched_order, n);
 #undef PUT
 }
 static void expect_same(const kva_plan *plan, const snapshot *s, const char *what) {
@@ -359,7 +420,11 @@ static void check_plan(const kva_plan *plan, const kva_req_table *table, const k
                h->num_extend == ne,
            "%s: header disagrees with info", what);
     check_schedule(n, kv, block, in.num_workers, 0 /* the CPU backend has no slack */,
-                   in.split_schedule, in.split_indptr, in.num_splits_total, what);
+                   in.split_schedule, in.split_indptr, in.num_splits_total, in.sched_order,
+                   OVERHEAD, what);
+    for (int i = 0; i < n; i++) /* MHA pools: batch order */
+      EXPECT(in.sched_order[i] == i, "%s: sched_order[%d] = %d on an MHA pool", what, i,
+             in.sched_order[i]);
     /* partial rows: only multi-split requests, packed in request order */
     int32_t rows = 0;
     for (int r = 0; r < n; r++) {

@@ -63,17 +63,21 @@ int bench_run_mla(kva_context *ctx, const bench_opts *o, int B, int L, double ce
   double flops_exact = 2.0 * (D + DV) * o->hq * (double)visible;
   double tflops = flops / t / 1e12, tflops_exact = flops_exact / t / 1e12;
   const char *bound = o->hq * sq <= 64 ? "memory" : "compute";
+  kva_plan_info pinfo; /* the schedule's chunks (split requests cost partial rows) */
+  const int splits = kva_plan_get_info(plan, &pinfo) == KVA_OK ? pinfo.num_splits_total : -1;
   if (o->json) {
     printf("{\"device\":\"%s\",\"mode\":\"mla\",\"batch\":%d,\"ctx\":%d,\"varlen\":%d,\"heads\":\"%d:1\","
            "\"sq\":%d,\"head_dim\":%d,\"v_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\","
            "\"causal\":%d,\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%d,"
            "\"time_ms\":%.4f,\"kv_gbps\":%.1f,\"tflops\":%.2f,\"tflops_exact\":%.2f,"
            "\"ceiling_gbps\":%.1f,\"ratio\":%.3f,\"bound\":\"%s\",\"launches_per_sample\":%d,"
-           "\"single_ms\":%.4f,\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"warm_ms\":%d}\n",
+           "\"single_ms\":%.4f,\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"warm_ms\":%d,"
+           "\"splits\":%d}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", B, L, o->varlen, o->hq, sq, D, DV, o->page,
            kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), o->causal, layers, tm.iters,
            kv_tokens, B * sq, t * 1e3, gbps, tflops, tflops_exact, ceiling, gbps / ceiling, bound,
-           tm.reps, tm.t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block, o->warm_ms);
+           tm.reps, tm.t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block, o->warm_ms,
+           splits);
   } else {
     printf("mla     B=%-4d L=%-6d%s heads=%d:1 sq=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s "
            "latent read, ratio %.3f (ceiling %.1f GB/s), %.2f TFLOP/s [%s-bound]\n",

@@ -66,7 +66,7 @@ class PlanInfo(ctypes.Structure):
                 ("kv_indptr", c_i32p), ("kv_indices", c_i32p), ("kv_last_page_len", c_i32p),
                 ("out_cache_loc", c_i32p), ("num_workers", c_int),
                 ("split_schedule", ctypes.POINTER(SplitWork)), ("split_indptr", c_i32p),
-                ("num_splits_total", c_int)]
+                ("num_splits_total", c_int), ("sched_order", c_i32p)]
 
 
 class AttnParams(ctypes.Structure):

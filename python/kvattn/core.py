@@ -346,7 +346,7 @@ class Plan:
                    page_table=arr(i.page_table, n * i.page_table_stride).reshape(n, i.page_table_stride),
                    kv_indptr=arr(i.kv_indptr, n + 1), kv_last_page_len=arr(i.kv_last_page_len, n),
                    out_cache_loc=arr(i.out_cache_loc, i.total_q), split_schedule=sched,
-                   split_indptr=arr(i.split_indptr, n + 1))
+                   split_indptr=arr(i.split_indptr, n + 1), sched_order=arr(i.sched_order, n))
         out["kv_indices"] = arr(i.kv_indices, int(out["kv_indptr"][-1]) if n else 0)
         return out
 

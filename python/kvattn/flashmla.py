@@ -3,7 +3,10 @@
 The metadata is kvattn's split-KV schedule in FlashMLA's format:
 tile_scheduler_metadata [num_workers, 8] int32 rows (begin_req, begin_pos,
 end_req, end_pos, begin_split, 0, 0, 0) and num_splits [batch + 1] int32 (the
-prefix sum of each request's chunks). flash_mla_with_kvcache checks its shape
+prefix sum of each request's chunks). kvattn's MLA workers walk the requests
+longest first (the plan's sched_order), so begin_req and end_req are positions
+in that order, not request indices: read the rows as kvattn's own, as FlashMLA's
+callers do (they only pass them back). flash_mla_with_kvcache checks their shape
 and uses the schedule of its own plan, which is the same for the same lengths.
 """
 import numpy as np
@@ -31,6 +34,12 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads
                      is_fp8_kvcache=False, topk=None):
     """(tile_scheduler_metadata [num_workers, 8] int32, num_splits [batch + 1] int32), on the
     device of cache_seqlens. The schedule depends only on the lengths and the worker count."""
+    meta, splits, _order = _schedule(cache_seqlens, num_heads_per_head_k, num_heads_k, topk)
+    return meta, splits
+
+
+def _schedule(cache_seqlens, num_heads_per_head_k, num_heads_k, topk=None):
+    """get_mla_metadata's pair and the order its rows walk (numpy int32 [batch])."""
     if topk is not None:
         raise ValueError("topk (sparse attention): not supported by kvattn")
     if num_heads_k != 1:
@@ -49,11 +58,12 @@ def get_mla_metadata(cache_seqlens, num_heads_per_head_k, num_heads_k, num_heads
     plan = _cache.paged_plan(pool, num_qo_heads=int(num_heads_per_head_k), batch=len(seq),
                              q_tokens=len(seq), pages_per_req=stride)
     plan.update_paged(np.ones(len(seq), np.int32), seq, np.zeros((len(seq), stride), np.int32))
-    return _metadata_from_plan(plan, cache_seqlens)
-
-
-def _metadata_from_plan(plan, like):
     info = plan.info()
+    meta, splits = _metadata_from_info(info, cache_seqlens)
+    return meta, splits, info["sched_order"]
+
+
+def _metadata_from_info(info, like):
     meta = np.zeros((info["num_workers"], 8), np.int32)
     meta[:, :5] = info["split_schedule"]
     splits = info["split_indptr"].astype(np.int32)

@@ -22,12 +22,17 @@ def test_get_mla_metadata_is_the_split_schedule():
     assert meta.dtype == np.int32 and meta.shape[1] == 8 and meta.shape[0] >= 1
     assert splits.shape == (5,) and splits[0] == 0 and np.all(np.diff(splits) >= 1)
     assert np.all(meta[:, 5:] == 0)
-    # every (request, position) is covered by exactly one worker
+    # every (request, position) is covered by exactly one worker; the rows
+    # walk the requests in the plan's order (longest first for MLA)
+    meta2, splits2, order = kvattn.flashmla._schedule(seq, 16, 1)
+    assert np.array_equal(meta, meta2) and np.array_equal(splits, splits2)
+    assert sorted(order) == list(range(len(seq))) and seq[order[0]] == seq.max()
     cover = [np.zeros(n, int) for n in seq]
-    for br, bp, er, ep, _bs, *_ in meta:
-        for r in range(br, er + 1):
-            lo = bp if r == br else 0
-            hi = ep if r == er else seq[r]
+    for bi, bp, ei, ep, _bs, *_ in meta:
+        for i in range(bi, ei + 1):
+            r = order[i]
+            lo = bp if i == bi else 0
+            hi = ep if i == ei else seq[r]
             cover[r][lo:hi] += 1
     assert all(np.all(c == 1) for c in cover)
     with pytest.raises(ValueError):

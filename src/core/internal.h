@@ -105,6 +105,9 @@ struct kva_plan {
   /* Split-KV schedule over the decode requests only (extend requests have
    * zero splits here; backends run them on their own extend path). */
   kva_split_work *split_schedule; /* [cfg.num_workers] */
+  /* [max_batch] the order the workers walk the requests: worker ranges
+   * begin_req..end_req are positions in it (identity for MHA pools) */
+  int32_t *sched_order;
   int32_t *split_indptr;    /* [max_batch + 1] */
   /* Partial states: row(r, j, t) = split_row_offset[r] + j * num_new[r] + t
    * for split j of request r and its query token t; each row holds
@@ -164,6 +167,11 @@ struct kva_backend {
    * kernel beyond a chunk's overhead (its merge). NULL: 0. */
   int (*split_slack)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                      int max_q_len, int block);
+  /* Blocks a chunk costs beyond its keys in the packed walk of MLA plans
+   * (kva_split_schedule_packed): its Q load, pipeline refill and O or
+   * partial write. NULL or <= 0: 2. */
+  int (*split_overhead)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                        int max_q_len, int block);
 
   /* Plan hooks: create backend-side buffers; publish a freshly planned batch
    * (CUDA: async upload on the stream); free. */
@@ -206,6 +214,17 @@ const kva_backend *kva_cuda_backend_get(void);
 int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q_len, int block,
                        int num_workers, int slack, kva_split_work *work, int32_t *split_indptr);
 /* Requests with kv_len[r] == 0 are skipped: zero splits, no cost. */
+
+/* As kva_split_schedule, but the workers walk the requests in order[]
+ * (written here, a permutation of 0..num_requests-1; work[] indexes
+ * positions in it), longest first and packed so that fewer requests are
+ * cut (split_schedule.c, "packed order"). split_indptr stays indexed by
+ * request. overhead: blocks a chunk costs beyond its keys (<= 0: the
+ * in-order walk's 2). Scratch: keys[num_requests], nxt[num_requests + 1]. */
+int kva_split_schedule_packed(int num_requests, const int32_t *kv_len, int block, int num_workers,
+                              int slack, int overhead, kva_split_work *work,
+                              int32_t *split_indptr, int32_t *order, int64_t *keys,
+                              int32_t *nxt);
 
 #ifdef __cplusplus
 }

@@ -17,6 +17,9 @@ typedef struct plan_impl {
   kva_split_work *tmp_sched;  /* [num_workers] */
   int32_t *tmp_indptr;        /* [max_batch + 1] */
   int32_t *tmp_row_offset;    /* [max_batch + 1] */
+  int32_t *tmp_order;         /* [max_batch] */
+  int64_t *sched_keys;        /* [max_batch] kva_split_schedule_packed's scratch */
+  int32_t *sched_nxt;         /* [max_batch + 1] */
   int backend_inited;
   int auto_workers;           /* config->num_workers was 0: each batch asks the backend */
 } plan_impl;
@@ -47,6 +50,7 @@ void kva_plan_destroy(kva_plan *plan) {
   free(plan->extend_reqs);
   free(plan->split_schedule);
   free(plan->split_indptr);
+  free(plan->sched_order);
   free(plan->split_row_offset);
   free(pi->slot_stamp);
   free(pi->sched_kv);
@@ -54,6 +58,9 @@ void kva_plan_destroy(kva_plan *plan) {
   free(pi->tmp_sched);
   free(pi->tmp_indptr);
   free(pi->tmp_row_offset);
+  free(pi->tmp_order);
+  free(pi->sched_keys);
+  free(pi->sched_nxt);
   free(pi);
 }
 
@@ -154,6 +161,7 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
   p->extend_reqs = (int32_t *)xcalloc(B, sizeof(int32_t));
   p->split_schedule = (kva_split_work *)xcalloc((size_t)workers, sizeof(kva_split_work));
   p->split_indptr = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
+  p->sched_order = (int32_t *)xcalloc(B, sizeof(int32_t));
   p->split_row_offset = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
   pi->slot_stamp = (uint32_t *)xcalloc(table ? (size_t)table->max_requests : 1, sizeof(uint32_t));
   pi->sched_kv = (int32_t *)xcalloc(B, sizeof(int32_t));
@@ -161,12 +169,16 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
   pi->tmp_sched = (kva_split_work *)xcalloc((size_t)workers, sizeof(kva_split_work));
   pi->tmp_indptr = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
   pi->tmp_row_offset = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
+  pi->tmp_order = (int32_t *)xcalloc(B, sizeof(int32_t));
+  pi->sched_keys = (int64_t *)xcalloc(B, sizeof(int64_t));
+  pi->sched_nxt = (int32_t *)xcalloc(B + 1, sizeof(int32_t));
   if (!p->req_slots || !p->num_new || !p->cu_seqlens_q || !p->cu_seqlens_k ||
       !p->cache_seqlens || !p->page_table || !p->kv_indptr || !p->kv_indices ||
       !p->kv_last_page_len || !p->out_cache_loc || !p->q_req || !p->decode_reqs ||
       !p->extend_reqs || !p->split_schedule || !p->split_indptr || !p->split_row_offset ||
       !pi->slot_stamp || !pi->sched_kv || !pi->kv_len || !pi->tmp_sched || !pi->tmp_indptr ||
-      !pi->tmp_row_offset) {
+      !pi->tmp_row_offset || !p->sched_order || !pi->tmp_order || !pi->sched_keys ||
+      !pi->sched_nxt) {
     kva_plan_destroy(p);
     return kva_set_error(KVA_ERR_OUT_OF_MEMORY, "%s: out of host memory", fn);
   }
@@ -288,6 +300,35 @@ static kva_status check_totals(const kva_plan *p, int64_t total_q, int64_t total
   return KVA_OK;
 }
 
+/* MLA plans walk the requests in the packed order (split_schedule.c):
+ * fewer cut requests, whose 512-dim partial rows cost the MLA kernels the
+ * most. KVA_SCHED_PACK=0 walks them in batch order (A/B; read once). MHA
+ * consumers index requests directly, so their order stays the identity. */
+static int sched_packed(const kva_plan *p) {
+  static int env = -1;
+  if (env < 0) {
+    const char *e = getenv("KVA_SCHED_PACK");
+    env = e && e[0] == '0' ? 0 : 1;
+  }
+  return env && p->pool->cfg.layout == KVA_LAYOUT_MLA;
+}
+
+/* The packed walk's cost of a chunk in blocks: the backend's, unless
+ * KVA_SCHED_OVERHEAD=N (A/B; read once); <= 0: the in-order walk's 2. */
+static int sched_overhead(const kva_plan *p, int max_dq) {
+  static int env = -1;
+  if (env < 0) {
+    const char *e = getenv("KVA_SCHED_OVERHEAD");
+    env = e && atoi(e) > 0 ? atoi(e) : 0;
+  }
+  if (env > 0) return env;
+  const kva_backend *be = p->ctx->backend;
+  return be->split_overhead && max_dq > 0
+             ? be->split_overhead(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq,
+                                  p->cfg.split_block)
+             : 0;
+}
+
 /* Split schedule over the decode requests and their partial rows, into
  * scratch. kv_len[i] = num_cached + num_new. */
 static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
@@ -311,8 +352,15 @@ static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const in
                         ? be->split_slack(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq,
                                           p->cfg.split_block)
                         : 0;
-  *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, slack,
-                                pi->tmp_sched, pi->tmp_indptr);
+  if (sched_packed(p))
+    *nsplits = kva_split_schedule_packed(n, pi->sched_kv, p->cfg.split_block, w, slack,
+                                         sched_overhead(p, max_dq), pi->tmp_sched, pi->tmp_indptr, pi->tmp_order,
+                                         pi->sched_keys, pi->sched_nxt);
+  else {
+    *nsplits = kva_split_schedule(n, pi->sched_kv, num_new, p->cfg.split_block, w, slack,
+                                  pi->tmp_sched, pi->tmp_indptr);
+    for (int i = 0; i < n; i++) pi->tmp_order[i] = i;
+  }
   int64_t rows = 0;
   for (int i = 0; i < n; i++) {
     pi->tmp_row_offset[i] = (int32_t)(rows <= INT32_MAX ? rows : INT32_MAX);
@@ -386,6 +434,7 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
     p->split_schedule[w].end_req = -1;
   }
   memcpy(p->split_indptr, pi->tmp_indptr, (size_t)(n + 1) * sizeof(int32_t));
+  memcpy(p->sched_order, pi->tmp_order, (size_t)n * sizeof(int32_t));
   memcpy(p->split_row_offset, pi->tmp_row_offset, (size_t)(n + 1) * sizeof(int32_t));
 
   p->hdr.num_requests = n;
@@ -548,6 +597,7 @@ kva_status kva_plan_get_info(const kva_plan *plan, kva_plan_info *info) {
   info->num_workers = plan->hdr.num_workers;
   info->split_schedule = plan->split_schedule;
   info->split_indptr = plan->split_indptr;
+  info->sched_order = plan->sched_order;
   info->num_splits_total = plan->hdr.num_splits_total;
   return KVA_OK;
 }

@@ -177,12 +177,13 @@ static void decode_task(void *arg, int w, int thread) {
   const kva_split_work *wk = &p->split_schedule[w];
   float *partial_o = (float *)p->partial_o, *partial_lse = (float *)p->partial_lse;
   mla_rows rs;
-  for (int r = wk->begin_req; r <= wk->end_req; r++) {
+  for (int wi = wk->begin_req; wi <= wk->end_req; wi++) {
+    const int r = p->sched_order[wi]; /* positions in the schedule's order */
     int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
     if (nsplit == 0) continue; /* no keys */
-    int k0 = r == wk->begin_req ? wk->begin_pos : 0;
-    int k1 = r == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
-    int j = r == wk->begin_req ? wk->begin_split : 0;
+    int k0 = wi == wk->begin_req ? wk->begin_pos : 0;
+    int k1 = wi == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
+    int j = wi == wk->begin_req ? wk->begin_split : 0;
     load_rows(jb, &rs, thread, r);
     attend(jb, &rs, r, k0, k1);
     finish_rows(jb, &rs);

@@ -86,6 +86,7 @@ typedef struct kva_cuda_plan {
   int32_t *d_split_indptr;   /* [max_batch + 1] */
   int32_t *d_split_row_offset; /* [max_batch + 1] */
   kva_split_work *d_split_schedule; /* [num_workers] */
+  int32_t *d_sched_order;    /* [max_batch] */
   int32_t *d_page_table;     /* [max_batch * max_pages_per_req], stride d_hdr->page_table_stride */
   int32_t *d_split_sem;      /* [max_batch * num_qo_heads], zeroed once; see decode_kernel.cuh */
   int32_t *d_tile_claim;     /* [max_batch * num_qo_heads] decode tile counters, zeroed once */
@@ -184,6 +185,8 @@ kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int laye
 int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
 /* Blocks past a worker's share that keep an MLA request whole (split_slack). */
 int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
+/* Blocks a chunk of an MLA request costs beyond its keys (split_overhead). */
+int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);
 kva_status kva_cuda_extend_plan(kva_plan *plan);  /* called from plan_upload */

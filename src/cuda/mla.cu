@@ -135,12 +135,12 @@ static int mla_coloc(int tiles) {
   return c == 2 && tiles % 2 == 0 ? 2 : 1;
 }
 
-/* kva_mla_args.l2_hints: both (3) unless KVA_MLA_L2=N says otherwise (A/B).
+/* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise (A/B).
  * Measured on the H100 (2026-11-22, same call): varlen rows at 16-32 query
  * rows +2-4 points of copy rate, 64-row varlen rows +0-1. */
 static int mla_l2_hints(void) {
   static mla_env_switch sw;
-  return mla_env_int(&sw, "KVA_MLA_L2", 3) & 3;
+  return mla_env_int(&sw, "KVA_MLA_L2", 7) & 7;
 }
 
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
@@ -167,6 +167,22 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
   return (int)(slack < 8 ? slack : 8);
 }
 
+/* The packed walk's cost of a chunk (the backend's split_overhead), in
+ * blocks: a chunk loads Q (rows x 576 x 2 bytes), refills the pipeline
+ * after the previous chunk's last block, and writes O or its f32 partial
+ * rows. On the H100 (2026-11-25, h64 varlen timelines) workers of two
+ * chunks ended their key loops ~10 us (~3 blocks) later than workers of
+ * one at the default 2. Measured with KVA_SCHED_OVERHEAD (same call, 3
+ * samples): 3-4 gained 0.5-1 point of copy rate over 2 on the varlen rows
+ * of 32 and 64 query rows. 2 + rows / 32: 3 up to 32 rows, 4 at 64. */
+extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block) {
+  (void)block;
+  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
+  int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
+  return 2 + (int)((rows + 31) / 32);
+}
+
 extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
                                              const kva_attn_params *params, const void *q,
                                              void *o, float *lse, kva_dtype dtype) {
@@ -186,6 +202,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   memset(&a, 0, sizeof a);
   a.hdr = cp->d_hdr;
   a.sched = cp->d_split_schedule;
+  a.sched_order = cp->d_sched_order;
   a.split_indptr = cp->d_split_indptr;
   a.split_row_offset = cp->d_split_row_offset;
   a.cu_q = cp->d_cu_seqlens_q;

@@ -58,6 +58,7 @@ extern "C" {
 typedef struct kva_mla_args {
   const kva_plan_header *hdr;
   const kva_split_work *sched;
+  const int32_t *sched_order; /* [num_requests]: worker ranges are positions in it */
   const int32_t *split_indptr, *split_row_offset, *cu_q, *cache_seqlens, *num_new, *page_table;
   const void *q;   /* [total_q, hq, 576] */
   void *o;         /* [total_q, hq, 512] */
@@ -75,7 +76,8 @@ typedef struct kva_mla_args {
   /* L2 eviction hints (mla.cu sets both; KVA_MLA_L2 for A/B): bit 0
    * partial rows stored evict_last and read back by the merge evict_first,
    * so they stay in L2 between the two; bit 1 16-bit latents read
-   * evict_first (v2), so the stream does not push them out */
+   * evict_first (v2), so the stream does not push them out; bit 2 partial
+   * rows dropped from L2 (discard) once merged, never written back */
   int l2_hints;
   /* v5: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
    * page and ends at or before the chunk's end as TMA boxes of kv_map

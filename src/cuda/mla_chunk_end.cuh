@@ -23,6 +23,17 @@ static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
   return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
 }
 
+/* Partial rows read for the last time (l2_hints bit 2): rows x 512 f32
+ * from `rows0`, whole 128-byte lines (a row is 2 KB), dropped from L2 so
+ * that the dirty lines are never written back to DRAM. The caller has
+ * made every read of them complete (a __syncthreads after the loads). */
+static __device__ __forceinline__ void mla_discard_rows(const kva_mla_args &a, const float *rows0,
+                                                        int rows, int tid) {
+  if (!(a.l2_hints & 4)) return;
+  for (int i = tid; i < rows * (KVA_MLA_DV / 32); i += KVA_MLA_THREADS)
+    kva_discard_l2_128(rows0 + 32 * i);
+}
+
 /* The chunks of request r for this CTA's row tile merged by LSE into O (and
  * LSE), by the CTA whose chunk finished last; as dec_merge_chunks
  * (decode_kernel.cuh) at 512 dims, on kva_split_merge4. */
@@ -121,6 +132,12 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
           make_uint2(mla_pack<QT>(acc[k].x * inv, acc[k].y * inv),
                      mla_pack<QT>(acc[k].z * inv, acc[k].w * inv));
     }
+  }
+  if (a.l2_hints & 4) {
+    __syncthreads(); /* every chunk's rows read */
+    for (int j = 0; j < nsplit; j++)
+      mla_discard_rows(a, a.part_o + ((p0 + (size_t)j * nt) * a.hq + row0) * KVA_MLA_DV, rows_here,
+                       tid);
   }
 }
 
@@ -235,6 +252,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
   }
   kva_cp_async_wait<0>();
   __syncthreads(); /* every thread's copies landed */
+  mla_discard_rows(a, src, rows_here, tid);
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
     const int lr = 16 * wq + g + 8 * hf;

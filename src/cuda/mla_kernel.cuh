@@ -435,15 +435,16 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   const uint64_t kv_pol = (a.l2_hints & 2) ? kva_l2_evict_first() : kva_l2_evict_normal();
 
-  for (int r = wk.begin_req; r <= wk.end_req; r++) {
+  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+    const int r = a.sched_order[wi]; /* positions in the schedule's order */
     const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
     if (nsplit == 0) continue; /* not a decode request */
     const int nt = a.num_new[r], rows = nt * a.hq;
     if (row0 >= rows) continue; /* no rows of this row tile */
     const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const int split = r == wk.begin_req ? wk.begin_split : 0;
-    const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
-    const int k0 = r == wk.begin_req ? wk.begin_pos : 0;
+    const int split = wi == wk.begin_req ? wk.begin_split : 0;
+    const int k1 = wi == wk.end_req ? wk.end_pos : kv_len;
+    const int k0 = wi == wk.begin_req ? wk.begin_pos : 0;
     const int ntiles = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
     const int tok0 = a.cu_q[r];
     const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;

@@ -336,15 +336,16 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   /* fills of each stage and Q loads so far (mbarrier phases), CTA-uniform */
   int f0 = 0, f1 = 0, nq = 0;
   unsigned trace_chunks = 0, trace_merges = 0;
-  for (int r = wk.begin_req; r <= wk.end_req; r++) {
+  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+    const int r = a.sched_order[wi]; /* positions in the schedule's order */
     const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
     if (nsplit == 0) continue;
     const int nt = a.num_new[r], rows = nt * a.hq;
     if (row0 >= rows) continue;
     const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const int split = r == wk.begin_req ? wk.begin_split : 0;
-    const int k1 = r == wk.end_req ? wk.end_pos : kv_len;
-    const int k0 = r == wk.begin_req ? wk.begin_pos : 0;
+    const int split = wi == wk.begin_req ? wk.begin_split : 0;
+    const int k1 = wi == wk.end_req ? wk.end_pos : kv_len;
+    const int k0 = wi == wk.begin_req ? wk.begin_pos : 0;
     const int nblk = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
     const int npairs = (nblk + 1) >> 1;
     const int tok0 = a.cu_q[r];

@@ -15,7 +15,7 @@ static size_t take(size_t *off, size_t n) {
 
 typedef struct {
   size_t hdr, cu_q, cu_k, cache, num_new, out_loc, q_req, dec, ext, split_indptr, split_rows,
-      sched, page_table;
+      sched, order, page_table;
 } meta_layout;
 
 static meta_layout layout_of(const kva_plan *p) {
@@ -34,6 +34,7 @@ static meta_layout layout_of(const kva_plan *p) {
   m.split_indptr = take(&off, B + 1);
   m.split_rows = take(&off, B + 1);
   m.sched = take(&off, W * sizeof(kva_split_work) / 4);
+  m.order = take(&off, B);
   m.page_table = take(&off, B * (size_t)p->max_pages_per_req);
   return m;
 }
@@ -72,6 +73,7 @@ kva_status kva_cuda_plan_init(kva_plan *plan) {
   cp->d_split_indptr = d + m.split_indptr;
   cp->d_split_row_offset = d + m.split_rows;
   cp->d_split_schedule = (kva_split_work *)(d + m.sched);
+  cp->d_sched_order = d + m.order;
   cp->d_page_table = d + m.page_table;
   cp->d_tile_claim = cp->d_split_sem + (size_t)plan->cfg.max_batch * plan->cfg.num_qo_heads;
   /* the whole block once, so kernels captured before any batch read zeros */
@@ -110,6 +112,7 @@ kva_status kva_cuda_plan_upload(kva_plan *plan) {
   memcpy(h + m.split_indptr, plan->split_indptr, (size_t)(n + 1) * 4);
   memcpy(h + m.split_rows, plan->split_row_offset, (size_t)(n + 1) * 4);
   memcpy(h + m.sched, plan->split_schedule, (size_t)plan->cfg.num_workers * sizeof(kva_split_work));
+  memcpy(h + m.order, plan->sched_order, (size_t)n * 4);
   size_t pt = (size_t)n * plan->hdr.page_table_stride;
   memcpy(h + m.page_table, plan->page_table, pt * 4);
   KVA_CUDA_TRY(cudaMemcpyAsync(cp->d_meta, h, (m.page_table + pt) * 4, cudaMemcpyHostToDevice, s));

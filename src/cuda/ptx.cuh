@@ -76,6 +76,11 @@ static __device__ __forceinline__ float4 kva_ldcg_f32x4_hint(const float *p, uin
                : "l"(p), "l"(pol));
   return v;
 }
+/* Drops a 128-byte L2 line without writing it back (its contents become
+ * indeterminate): for scratch that has been read for the last time. */
+static __device__ __forceinline__ void kva_discard_l2_128(const void *p) {
+  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
+}
 /* A 64-bit value the compiler must keep in one register pair (so that an
  * address add is one IMAD.WIDE, not a uniform-register add per use). */
 static __device__ __forceinline__ const unsigned char *kva_opaque_ptr(const unsigned char *p) {

@@ -127,27 +127,39 @@ static void emu_data(EmuData &e, int kv_bufs, size_t pool_elems, int kv8, int qt
 }
 
 /* The split-KV schedule of a decode case as the planner builds it
- * (kva_split_schedule over sched_kv keys per request, 0 for a request
+ * (kva_split_schedule, or with packed kva_split_schedule_packed's order,
+ * over sched_kv keys per request, 0 for a request
  * not decoded here), the partial rows of split requests (dv floats per
  * head, NaN), their semaphores (zeroed once, as the plan does) and the
  * header fields the split kernels read. */
 struct EmuSplit {
-  std::vector<int32_t> nn, cs, indptr, rowoff, sem;
+  std::vector<int32_t> nn, cs, indptr, rowoff, sem, order;
   std::vector<kva_split_work> work;
   std::vector<float> part_o, part_lse;
   kva_plan_header hdr;
   int nsplits;
 };
 static void emu_split(EmuSplit &sp, const EmuLayout &l, const std::vector<int> &nnew,
-                      const int32_t *sched_kv, int block, int workers, int hq, int dv) {
+                      const int32_t *sched_kv, int block, int workers, int hq, int dv,
+                      bool packed = false) {
   const int B = l.B;
   sp.nn.assign(nnew.begin(), nnew.end());
   sp.cs.assign(l.kvlen.begin(), l.kvlen.end());
   sp.work.resize(workers);
   sp.indptr.assign(B + 1, 0);
   sp.rowoff.assign(B + 1, 0);
-  sp.nsplits = kva_split_schedule(B, sched_kv, sp.nn.data(), block, workers, 0, sp.work.data(),
-                                  sp.indptr.data());
+  sp.order.resize(B > 0 ? B : 1);
+  if (packed) { /* MLA plans' order (kva_split_schedule_packed) */
+    std::vector<int64_t> keys(B > 0 ? B : 1);
+    std::vector<int32_t> nxt(B + 1);
+    sp.nsplits = kva_split_schedule_packed(B, sched_kv, block, workers, 0, 0, sp.work.data(),
+                                           sp.indptr.data(), sp.order.data(), keys.data(),
+                                           nxt.data());
+  } else {
+    sp.nsplits = kva_split_schedule(B, sched_kv, sp.nn.data(), block, workers, 0,
+                                    sp.work.data(), sp.indptr.data());
+    for (int r = 0; r < B; r++) sp.order[r] = r;
+  }
   int rows = 0;
   for (int r = 0; r < B; r++) {
     sp.rowoff[r] = rows;

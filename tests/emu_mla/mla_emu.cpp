@@ -39,7 +39,8 @@ static int run_case(const Case &c, int idx) {
 
   /* every request is decoded: the schedule covers all keys */
   EmuSplit sp;
-  emu_split(sp, l, c.nnew, l.kvlen.data(), c.block, c.workers, c.hq, DV);
+  const bool packed = rnd() % 4 != 0; /* MLA plans' order, mostly */
+  emu_split(sp, l, c.nnew, l.kvlen.data(), c.block, c.workers, c.hq, DV, packed);
   sp.hdr.max_q_len = *std::max_element(c.nnew.begin(), c.nnew.end());
 
   /* kva_cuda_mla_row_tiles of mla.cu */
@@ -48,13 +49,15 @@ static int run_case(const Case &c, int idx) {
   kva_mla_args &a = g_args;
   memset(&a, 0, sizeof a);
   emu_split_args(a, sp, l, e);
+  a.sched_order = sp.order.data();
   a.kv = e.k;
   a.hq = c.hq; a.page_size = c.ps;
   kva_cuda_fastdiv(c.ps, &a.ps_mul, &a.ps_shift);
   a.qk_mul = 1.4426950408889634f * sm * ks;
   a.o_mul = ks;
   a.causal = c.causal;
-  a.l2_hints = (int)(rnd() % 4); /* policies are no-ops here; the code paths run */
+  a.l2_hints = (int)(rnd() % 8); /* policies are no-ops here; the code paths run; bit 2's
+                                    discard writes NaN over merged partial rows */
   g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
   /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on */
   a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;

@@ -16,6 +16,12 @@ static inline void kva_cp_async_16_hint(uint32_t dst, const void *src, int src_b
 }
 static inline void kva_st_f32x2_hint(float *p, float x, float y, uint64_t) { p[0] = x; p[1] = y; }
 static inline float4 kva_ldcg_f32x4_hint(const float *p, uint64_t) { return *(const float4 *)p; }
+/* discard: the line's contents become indeterminate, so NaN (a read after
+ * it fails the comparison) */
+static inline void kva_discard_l2_128(const void *p) {
+  float *f = (float *)p;
+  for (int i = 0; i < 32; i++) f[i] = __builtin_nanf("");
+}
 void kva_cp_async_commit(void);
 void emu_cp_async_wait(int n);
 template <int N> static inline void kva_cp_async_wait(void) { emu_cp_async_wait(N); }
