@@ -57,6 +57,19 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
              "t_merged t_end smid chunks merges (workers %d, launches %u; prefill: see "
              "extend_ws.cuh)\n",
           info.num_workers, kva_trace_launches);
+  /* the schedule, so that each CTA's time can be set against its work:
+   * "#w worker request k0 k1 split nsplit" per chunk */
+  for (int w = 0; w < info.num_workers; w++) {
+    const kva_split_work *wk = &info.split_schedule[w];
+    for (int i = wk->begin_req; i <= wk->end_req; i++) {
+      const int r = info.sched_order[i];
+      const int ns = info.split_indptr[r + 1] - info.split_indptr[r];
+      if (ns == 0) continue;
+      fprintf(f, "#w %d %d %d %d %d %d\n", w, r, i == wk->begin_req ? wk->begin_pos : 0,
+              i == wk->end_req ? wk->end_pos : info.cache_seqlens[r],
+              i == wk->begin_req ? wk->begin_split : 0, ns);
+    }
+  }
   for (int l = 0; l < 2; l++) {
     const unsigned half = l == 1 ? last : last ^ 1u;
     for (int c = 0; c < ctas; c++) {
