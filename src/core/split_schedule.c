@@ -172,7 +172,8 @@ static int packed_walk(int n, const int32_t *kv_len, int block, int num_workers,
       continue;
     }
     int64_t remain = payload;
-    if (carry >= 0) { /* the rest of the cut request starts this worker */
+    const int fresh = carry < 0;
+    if (!fresh) { /* the rest of the cut request starts this worker */
       const int64_t left = BLOCKS(carry) - carry_blk;
       wk->begin_req = pos - 1;
       wk->begin_pos = (int32_t)(carry_blk * block);
@@ -189,32 +190,28 @@ static int packed_walk(int n, const int32_t *kv_len, int block, int num_workers,
       wk->end_req = pos - 1;
       wk->end_pos = kv_len[carry];
       carry = -1;
-    } else {
-      const int64_t j = sched_find(nxt, 0);
-      const int r = (int)keys[j];
+    }
+    /* a fresh worker whose longest request left does not fit: that request
+     * starts it and is cut at its payload (the cut below) */
+    int fresh_long = 0;
+    if (fresh) {
       wk->begin_req = pos;
       wk->begin_pos = 0;
       wk->begin_split = 0;
-      if (remain + slack < BLOCKS(r) + o) { /* too long for a worker: it starts this one */
-        nxt[j] = (int32_t)j + 1;
-        order[pos++] = r;
-        carry = r;
-        carry_blk = remain - o;
-        carry_split = 1;
-        wk->end_req = pos - 1;
-        wk->end_pos = (int32_t)(carry_blk * block);
-        continue;
-      }
-      wk->end_req = -1; /* set by the first request below, which fits */
+      wk->end_req = -1; /* set below: a fresh worker always takes a request */
+      fresh_long = remain + slack < BLOCKS(keys[sched_find(nxt, 0)]) + o;
     }
     for (;;) {
       /* the longest request that fits whole: keys[] is longest first */
-      int lo = 0, hi = m;
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (BLOCKS(keys[mid]) + o <= remain + slack) hi = mid; else lo = mid + 1;
+      int64_t j = m;
+      if (!fresh_long) {
+        int lo = 0, hi = m;
+        while (lo < hi) {
+          const int mid = (lo + hi) / 2;
+          if (BLOCKS(keys[mid]) + o <= remain + slack) hi = mid; else lo = mid + 1;
+        }
+        j = sched_find(nxt, lo);
       }
-      int64_t j = sched_find(nxt, lo);
       if (j < m) {
         const int r = (int)keys[j];
         nxt[j] = (int32_t)j + 1;
