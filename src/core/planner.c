@@ -2,6 +2,7 @@
  * builds every piece of metadata the kernels read (docs/design.md,
  * "Planning"). kva_plan_update validates and computes into scratch before it
  * writes the plan, so a failing update leaves the previous batch intact. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,28 +301,31 @@ static kva_status check_totals(const kva_plan *p, int64_t total_q, int64_t total
   return KVA_OK;
 }
 
+/* An integer A/B switch from the environment, read once into *cache
+ * (INT_MIN: not read yet); dflt when unset or empty. */
+static int env_int_once(int *cache, const char *name, int dflt) {
+  if (*cache == INT_MIN) {
+    const char *e = getenv(name);
+    *cache = e && *e ? atoi(e) : dflt;
+  }
+  return *cache;
+}
+
 /* MLA plans walk the requests in the packed order (split_schedule.c):
  * fewer cut requests, whose 512-dim partial rows cost the MLA kernels the
- * most. KVA_SCHED_PACK=0 walks them in batch order (A/B; read once). MHA
- * consumers index requests directly, so their order stays the identity. */
+ * most. KVA_SCHED_PACK=0 walks them in batch order (A/B). MHA consumers
+ * index requests directly, so their order stays the identity. */
 static int sched_packed(const kva_plan *p) {
-  static int env = -1;
-  if (env < 0) {
-    const char *e = getenv("KVA_SCHED_PACK");
-    env = e && e[0] == '0' ? 0 : 1;
-  }
-  return env && p->pool->cfg.layout == KVA_LAYOUT_MLA;
+  static int env = INT_MIN;
+  return env_int_once(&env, "KVA_SCHED_PACK", 1) != 0 && p->pool->cfg.layout == KVA_LAYOUT_MLA;
 }
 
 /* The packed walk's cost of a chunk in blocks: the backend's, unless
- * KVA_SCHED_OVERHEAD=N (A/B; read once); <= 0: the in-order walk's 2. */
+ * KVA_SCHED_OVERHEAD=N > 0 (A/B); <= 0: the in-order walk's 2. */
 static int sched_overhead(const kva_plan *p, int max_dq) {
-  static int env = -1;
-  if (env < 0) {
-    const char *e = getenv("KVA_SCHED_OVERHEAD");
-    env = e && atoi(e) > 0 ? atoi(e) : 0;
-  }
-  if (env > 0) return env;
+  static int env = INT_MIN;
+  const int forced = env_int_once(&env, "KVA_SCHED_OVERHEAD", 0);
+  if (forced > 0) return forced;
   const kva_backend *be = p->ctx->backend;
   return be->split_overhead && max_dq > 0
              ? be->split_overhead(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq,
