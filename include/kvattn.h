@@ -237,6 +237,15 @@ typedef struct kva_split_work {
   int32_t begin_req, begin_pos, end_req, end_pos, begin_split;
 } kva_split_work;
 
+/* One chunk of a worker's range: at schedule position pos (begin_req <= pos
+ * <= end_req; the request is sched_order[pos], of kv_len keys) the worker
+ * attends keys [k0, k1), which are split number `split` of that request's
+ * split_indptr[r+1] - split_indptr[r]. */
+typedef struct kva_split_chunk {
+  int32_t k0, k1, split;
+} kva_split_chunk;
+kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_t kv_len);
+
 /* The plan as the host sees it; arrays owned by the plan, valid until the next
  * kva_plan_update. */
 typedef struct kva_plan_info {

@@ -116,9 +116,8 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
     for (int i = k->begin_req; i <= k->end_req && failures == f0; i++) {
       const int r = ORD(i);
       if (kv[r] <= 0) continue; /* consumers skip zero-split requests */
-      int a = i == k->begin_req ? k->begin_pos : 0;
-      int b = i == k->end_req ? k->end_pos : kv[r];
-      int j = i == k->begin_req ? k->begin_split : 0;
+      const kva_split_chunk ch = kva_split_work_chunk(k, i, kv[r]);
+      const int a = ch.k0, b = ch.k1, j = ch.split;
       int s = indptr[r + 1] - indptr[r];
       EXPECT(a % block == 0, "%s: worker %d request %d starts at %d, block %d", what, w, r, a,
              block);

@@ -65,9 +65,8 @@ int bench_dec_trace(kva_context *ctx, kva_plan *plan, kva_pool *pool, int layers
       const int r = info.sched_order[i];
       const int ns = info.split_indptr[r + 1] - info.split_indptr[r];
       if (ns == 0) continue;
-      fprintf(f, "#w %d %d %d %d %d %d\n", w, r, i == wk->begin_req ? wk->begin_pos : 0,
-              i == wk->end_req ? wk->end_pos : info.cache_seqlens[r],
-              i == wk->begin_req ? wk->begin_split : 0, ns);
+      const kva_split_chunk ch = kva_split_work_chunk(wk, i, info.cache_seqlens[r]);
+      fprintf(f, "#w %d %d %d %d %d %d\n", w, r, ch.k0, ch.k1, ch.split, ns);
     }
   }
   for (int l = 0; l < 2; l++) {

@@ -294,3 +294,11 @@ int kva_split_schedule_packed(int num_requests, const int32_t *kv_len, int block
   for (int r = 0; r < n; r++) split_indptr[r + 1] += split_indptr[r];
   return split_indptr[n];
 }
+
+kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_t kv_len) {
+  kva_split_chunk c;
+  c.k0 = pos == work->begin_req ? work->begin_pos : 0;
+  c.k1 = pos == work->end_req ? work->end_pos : kv_len;
+  c.split = pos == work->begin_req ? work->begin_split : 0;
+  return c;
+}

@@ -298,12 +298,11 @@ static void decode_task(void *arg, int w, int thread) {
   for (int r = wk->begin_req; r <= wk->end_req; r++) {
     int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
     if (nsplit == 0) continue; /* extend request, or no keys */
-    int k0 = r == wk->begin_req ? wk->begin_pos : 0;
-    int k1 = r == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
-    int j = r == wk->begin_req ? wk->begin_split : 0;
+    const kva_split_chunk ch = kva_split_work_chunk(wk, r, p->cache_seqlens[r]);
+    const int j = ch.split;
     int nt = p->num_new[r];
     load_rows(jb, &rs, thread, r, 0, nt, 0, jb->hkv);
-    attend(jb, &rs, r, k0, k1);
+    attend(jb, &rs, r, ch.k0, ch.k1);
     finish_rows(jb, &rs);
     if (nsplit == 1) {
       write_final(jb, &rs, r);

@@ -181,11 +181,10 @@ static void decode_task(void *arg, int w, int thread) {
     const int r = p->sched_order[wi]; /* positions in the schedule's order */
     int nsplit = p->split_indptr[r + 1] - p->split_indptr[r];
     if (nsplit == 0) continue; /* no keys */
-    int k0 = wi == wk->begin_req ? wk->begin_pos : 0;
-    int k1 = wi == wk->end_req ? wk->end_pos : p->cache_seqlens[r];
-    int j = wi == wk->begin_req ? wk->begin_split : 0;
+    const kva_split_chunk ch = kva_split_work_chunk(wk, wi, p->cache_seqlens[r]);
+    const int j = ch.split;
     load_rows(jb, &rs, thread, r);
-    attend(jb, &rs, r, k0, k1);
+    attend(jb, &rs, r, ch.k0, ch.k1);
     finish_rows(jb, &rs);
     if (nsplit == 1) {
       write_final(jb, &rs, r);
