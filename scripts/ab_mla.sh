@@ -16,13 +16,18 @@ shapes() {
   done
 }
 variants=${KVA_AB_BINS:-${KVA_AB_ENVS:-${KVA_AB:-v2 v5}}}
+# per shape, every variant back to back; the order reversed every other repeat
+# (ABBA), so that drift in the GPU's clocks falls on both sides alike
+rev() { local out=; for x in $1; do out="$x $out"; done; echo "$out"; }
 for rep in $(seq "$n"); do
-  for v in $variants; do
-    envs=
-    if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
-    elif [ -n "${KVA_AB_ENVS:-}" ]; then name=${v%%:*} envs=${v#*:} bin=$K kern=${KVA_AB_KERNEL:-}
-    else name=$v bin=$K kern=$v; fi
-    shapes | while read -r cfg; do
+  order=$variants
+  [ $((rep % 2)) -eq 0 ] && order=$(rev "$variants")
+  shapes | while read -r cfg; do
+    for v in $order; do
+      envs=
+      if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
+      elif [ -n "${KVA_AB_ENVS:-}" ]; then name=${v%%:*} envs=${v#*:} bin=$K kern=${KVA_AB_KERNEL:-}
+      else name=$v bin=$K kern=$v; fi
       # shellcheck disable=SC2086
       env ${envs//,/ } KVA_MLA_KERNEL=$kern "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
         sed "s|^{|{\"kernel\":\"$name\",|"
