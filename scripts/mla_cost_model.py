@@ -63,13 +63,20 @@ class Work(ctypes.Structure):
                                              "begin_split")]
 
 
+class Chunk(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("k0", "k1", "split")]
+
+
 def schedule_lib():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     out = os.path.join(tempfile.mkdtemp(), "libsched.so")
     subprocess.check_call(["cc", "-O2", "-shared", "-fPIC", "-I" + os.path.join(root, "include"),
                            "-I" + os.path.join(root, "src"),
                            os.path.join(root, "src/core/split_schedule.c"), "-o", out])
-    return ctypes.CDLL(out)
+    lib = ctypes.CDLL(out)
+    lib.kva_split_work_chunk.restype = Chunk
+    lib.kva_split_work_chunk.argtypes = [ctypes.POINTER(Work), ctypes.c_int, ctypes.c_int32]
+    return lib
 
 
 def packed(lib, lens, workers, slack, overhead):
@@ -86,8 +93,8 @@ def packed(lib, lens, workers, slack, overhead):
             r = order[i]
             if ind[r + 1] == ind[r]:
                 continue
-            ch.append((r, wk.begin_pos if i == wk.begin_req else 0,
-                       wk.end_pos if i == wk.end_req else lens[r]))
+            c = lib.kva_split_work_chunk(ctypes.byref(wk), i, lens[r])
+            ch.append((r, c.k0, c.k1))
         out.append(ch)
     return out
 
