@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
 """Fits where an MLA decode step's time goes per CTA, from a timeline with the
 schedule (`KVA_DEC_TRACE=FILE kvattn bench --device cuda --mode mla ...`,
-tools/dec_trace.c), and replays the packed split schedule under that model.
+tools/dec_trace.c), and replays split schedules under that model.
 
   mla_cost_model.py TRACE                  fit: CTA end = a blocks + b chunks
-                                           + c merges + d partial writes + e
+                                           + c2 two-chunk merges + c3 merges
+                                           of 3+ chunks + d partial writes + e
   mla_cost_model.py TRACE --sim S:O ...    also walk the batch of TRACE with
-                                           slack S and chunk cost O (blocks;
-                                           src/core/split_schedule.c, built
-                                           here with cc) and print each
+                                           the packed walk at slack S and chunk
+                                           cost O (blocks), or with
+                                           costed:C/P/M/MM, the costed walk at
+                                           those prices (1/16 blocks; slack 6),
+                                           both from src/core/split_schedule.c
+                                           built here with cc, and print each
                                            schedule's modelled max and mean
 
 The fit uses the last traced launches (64-key blocks, 132 workers as traced).
 A merge is the chunk of a split request that finishes last; the others write
-partial rows. Diagnostics only.
+partial rows. A merge is counted as one of 3+ chunks when the CTA holds a
+chunk of such a request. Diagnostics only.
 """
 import collections
 import ctypes
@@ -50,8 +55,10 @@ def fit(sched, rows, workers):
         for r in rr:
             ch = sched[r[1] % workers]
             merges = r[13]
+            many = merges if any(c[4] >= 3 for c in ch) else 0
             partials = sum(1 for c in ch if c[4] > 1) - merges
-            x.append([sum(blocks(c[1], c[2]) for c in ch), len(ch), merges, partials, 1])
+            x.append([sum(blocks(c[1], c[2]) for c in ch), len(ch), merges - many, many, partials,
+                      1])
             y.append((r[10] - t0) / 1000)
     x, y = np.array(x, float), np.array(y)
     coef = np.linalg.lstsq(x, y, rcond=None)[0]
@@ -79,13 +86,25 @@ def schedule_lib():
     return lib
 
 
-def packed(lib, lens, workers, slack, overhead):
+class Costs(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("chunk", "partial", "merge", "merge_many")]
+
+
+def walk(lib, lens, workers, arg):
+    """The packed walk ("S:O") or the costed walk ("costed:C/P/M/MM")."""
     n = len(lens)
     work = (Work * workers)()
     ind, order = (ctypes.c_int32 * (n + 1))(), (ctypes.c_int32 * n)()
     keys, nxt = (ctypes.c_int64 * (n + 1))(), (ctypes.c_int32 * (n + 1))()
-    lib.kva_split_schedule_packed(n, (ctypes.c_int32 * n)(*lens), BLOCK, workers, slack, overhead,
-                                  work, ind, order, keys, nxt)
+    kv = (ctypes.c_int32 * n)(*lens)
+    if arg.startswith("costed:"):
+        c = Costs(*(int(v) for v in arg.split(":")[1].split("/")))
+        lib.kva_split_schedule_costed(n, kv, BLOCK, workers, 6, ctypes.byref(c), work, ind, order,
+                                      keys, nxt)
+    else:
+        slack, overhead = (int(v) for v in arg.split(":"))
+        lib.kva_split_schedule_packed(n, kv, BLOCK, workers, slack, overhead, work, ind, order,
+                                      keys, nxt)
     out = []
     for wk in work:
         ch = []
@@ -101,7 +120,7 @@ def packed(lib, lens, workers, slack, overhead):
 
 def model(sched, coef):
     """Modelled end of each worker: its chunks in order, then who merges."""
-    a, b, c, d, e = coef
+    a, b, c2, c3, d, e = coef
     ends, load = collections.defaultdict(list), []
     for w, ch in enumerate(sched):
         t = e
@@ -117,7 +136,7 @@ def model(sched, coef):
         cuts += len(l) - 1
         for _, w in l[:-1]:
             load[w] += d
-        load[l[-1][1]] += c
+        load[l[-1][1]] += c2 if len(l) == 2 else c3
     return max(load), float(np.mean(load)), cuts
 
 
@@ -127,8 +146,8 @@ def main():
     sched, rows = load(sys.argv[1])
     workers = max(sched) + 1
     coef, sd = fit(sched, rows, workers)
-    print("fit (us): %.2f/block %.2f/chunk %.2f/merge %.2f/partial write + %.1f; residual sd %.2f"
-          % (*coef, sd))
+    print("fit (us): %.2f/block %.2f/chunk %.2f/two-chunk merge %.2f/merge of 3+ "
+          "%.2f/partial write + %.1f; residual sd %.2f" % (*coef, sd))
     if "--sim" not in sys.argv:
         return
     lens = collections.defaultdict(int)
@@ -138,10 +157,9 @@ def main():
     lens = [lens[r] for r in sorted(lens)]
     lib = schedule_lib()
     for arg in sys.argv[sys.argv.index("--sim") + 1:]:
-        slack, overhead = (int(v) for v in arg.split(":"))
-        mx, mean, cuts = model(packed(lib, lens, workers, slack, overhead), coef)
-        print("slack %d, chunk cost %d: max %.1f us, mean %.1f, max/mean %.3f, cuts %d"
-              % (slack, overhead, mx, mean, mx / mean, cuts))
+        mx, mean, cuts = model(walk(lib, lens, workers, arg), coef)
+        print("%-22s max %.1f us, mean %.1f, max/mean %.3f, cuts %d"
+              % (arg, mx, mean, mx / mean, cuts))
 
 
 if __name__ == "__main__":

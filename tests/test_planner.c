@@ -135,8 +135,9 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
       hi[id] = b;
       cost += (b - a + block - 1) / block + ovh;
     }
-    EXPECT(cost <= payload + slack, "%s: worker %d cost %lld > payload %lld + slack %d", what, w,
-           (long long)cost, (long long)payload, slack);
+    if (slack >= 0) /* < 0: the costed walk, priced otherwise */
+      EXPECT(cost <= payload + slack, "%s: worker %d cost %lld > payload %lld + slack %d", what,
+             w, (long long)cost, (long long)payload, slack);
     spent += cost;
   }
   /* chunks of each request tile [0, kv) in split order: every key once */
@@ -154,7 +155,7 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
     if (kv[r] > 0) EXPECT(pos == kv[r], "%s: request %d covered to %d of %d", what, r, pos, kv[r]);
   }
   /* every block and every chunk's overhead is paid by exactly one worker */
-  if (failures == f0)
+  if (failures == f0 && slack >= 0)
     EXPECT(spent == T + (int64_t)ovh * (total - nonempty),
            "%s: workers spent %lld, want %lld", what, (long long)spent,
            (long long)(T + (int64_t)ovh * (total - nonempty)));
@@ -163,6 +164,42 @@ static int check_schedule(int n, const int32_t *kv, int block, int nw, int slack
   free(owner);
 #undef ORD
   return failures != f0;
+}
+
+/* A schedule's longest worker under `c` (1/16 blocks): each chunk costs
+ * its blocks and c->chunk, ending at the worker's running sum; of a split
+ * request, the chunk that ends last merges (c->merge for two chunks,
+ * c->merge_many for more) and the others write partial rows. */
+static int64_t model_max(int n, const int32_t *kv, int block, int nw, const kva_split_work *work,
+                         const int32_t *indptr, const int32_t *order,
+                         const kva_split_costs *c) {
+  int64_t *load = (int64_t *)calloc((size_t)nw, sizeof(int64_t));
+  int64_t *last_end = (int64_t *)malloc((size_t)n * sizeof(int64_t));
+  int32_t *last_w = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+  for (int r = 0; r < n; r++) last_end[r] = -1;
+  for (int w = 0; w < nw; w++)
+    for (int i = work[w].begin_req; i <= work[w].end_req; i++) {
+      const int r = order[i];
+      if (kv[r] <= 0) continue;
+      const kva_split_chunk ch = kva_split_work_chunk(&work[w], i, kv[r]);
+      load[w] += (int64_t)(ch.k1 - ch.k0 + block - 1) / block * KVA_SPLIT_COST_UNIT + c->chunk;
+      if (indptr[r + 1] - indptr[r] > 1) {
+        load[w] += c->partial; /* taken back from the one that merges */
+        if (load[w] > last_end[r]) {
+          last_end[r] = load[w];
+          last_w[r] = w;
+        }
+      }
+    }
+  for (int r = 0; r < n; r++)
+    if (last_end[r] >= 0)
+      load[last_w[r]] += (indptr[r + 1] - indptr[r] > 2 ? c->merge_many : c->merge) - c->partial;
+  int64_t mx = 0;
+  for (int w = 0; w < nw; w++) mx = load[w] > mx ? load[w] : mx;
+  free(load);
+  free(last_end);
+  free(last_w);
+  return mx;
 }
 
 static int run_schedule(int n, const int32_t *kv, int block, int nw, int slack,
@@ -188,6 +225,16 @@ static int run_schedule(int n, const int32_t *kv, int block, int nw, int slack,
   total = kva_split_schedule_packed(n, kv, block, nw, slack, ovh, work, indptr, order, keys, nxt);
   bad |= check_schedule(n, kv, block, nw, slack, work, indptr, total, order,
                         ovh ? ovh : OVERHEAD, w2);
+  /* and the costed walk, at random prices (0 included) */
+  for (int w = 0; w < nw; w++) work[w].begin_req = work[w].end_req = -7;
+  for (int i = 0; i <= n; i++) indptr[i] = -7;
+  for (int i = 0; i < n; i++) order[i] = -7;
+  kva_split_costs costs = {rand_int(0, 80), rand_int(0, 40), rand_int(0, 60), rand_int(0, 200)};
+  if (rand_int(0, 3) == 0) costs.chunk = costs.partial = costs.merge = costs.merge_many = 0;
+  snprintf(w2, sizeof(w2), "%s, costed %d/%d/%d/%d", what, costs.chunk, costs.partial,
+           costs.merge, costs.merge_many);
+  total = kva_split_schedule_costed(n, kv, block, nw, slack, &costs, work, indptr, order, keys, nxt);
+  bad |= check_schedule(n, kv, block, nw, -1, work, indptr, total, order, 0, w2);
   free(order);
   free(keys);
   free(nxt);
@@ -274,6 +321,29 @@ static void test_schedule(void) {
                seq - 128);
         EXPECT(pk3 <= seq3, "varlen 128 x N(%d, %d): %d requests of 3+ chunks packed, %d in order",
                L, L / 2, pk3, seq3);
+        /* the costed walk at the CUDA backend's 64-row prices: no longer
+         * under its own model than the packed walk, and a third chunk only
+         * for requests longer than two workers' share */
+        const kva_split_costs c64 = {38, 18, 29, 108};
+        const int64_t pk_max = model_max(128, vl, 64, 132, work, indptr, order, &c64);
+        int cs = kva_split_schedule_costed(128, vl, 64, 132, 6, &c64, work, indptr, order, keys, nxt);
+        check_schedule(128, vl, 64, 132, -1, work, indptr, cs, order, 0, "varlen 128, costed");
+        const int64_t cs_max = model_max(128, vl, 64, 132, work, indptr, order, &c64);
+        int64_t tot = 0;
+        for (int r = 0; r < 128; r++) tot += ((int64_t)vl[r] + 63) / 64 * 16 + c64.chunk;
+        int cs3 = 0, long3 = 0;
+        for (int r = 0; r < 128; r++) {
+          cs3 += indptr[r + 1] - indptr[r] >= 3;
+          long3 += ((int64_t)vl[r] + 63) / 64 * 16 > 2 * (tot / 132);
+        }
+        EXPECT(cs_max <= pk_max, "varlen 128 x N(%d, %d): costed walk's longest worker %lld > "
+               "packed %lld (1/16 blocks)", L, L / 2, (long long)cs_max, (long long)pk_max);
+        EXPECT(cs3 <= long3, "varlen 128 x N(%d, %d): %d requests of 3+ chunks, %d longer than "
+               "two shares", L, L / 2, cs3, long3);
+        if (trial == 0)
+          printf("varlen 128 x N(%d, %d): modelled longest worker packed %.1f, costed %.1f "
+                 "blocks (mean %.1f); cuts %d / %d\n", L, L / 2, pk_max / 16.0, cs_max / 16.0,
+                 tot / 132 / 16.0, pk - 128, cs - 128);
       }
   }
   for (int r = 0; r < 512; r++) kv[r] = 131072;

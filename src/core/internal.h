@@ -138,6 +138,16 @@ kva_status kva_graph_record_attention(struct kva_graph_recorder *rec, const kva_
                                       int layer, const kva_attn_params *params, const void *q,
                                       void *o, float *lse, kva_dtype dtype);
 
+/* What a chunk's end costs a worker, in 1/KVA_SPLIT_COST_UNIT blocks
+ * (the costed walk, split_schedule.c): every chunk (its Q load and pipeline
+ * refill), partial rows written by a chunk that does not complete its
+ * request, the merge by the chunk that completes a request of two chunks,
+ * and of three or more. */
+#define KVA_SPLIT_COST_UNIT 16
+typedef struct kva_split_costs {
+  int32_t chunk, partial, merge, merge_many;
+} kva_split_costs;
+
 struct kva_backend {
   const char *name;
   kva_device device;
@@ -172,6 +182,10 @@ struct kva_backend {
    * partial write. NULL or <= 0: 2. */
   int (*split_overhead)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                         int max_q_len, int block);
+  /* What a chunk's end costs (struct kva_split_costs, below) for the costed
+   * walk of MLA plans; returns 0 to keep the packed walk. NULL: packed. */
+  int (*split_costs)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                     int max_q_len, int block, kva_split_costs *out);
 
   /* Plan hooks: create backend-side buffers; publish a freshly planned batch
    * (CUDA: async upload on the stream); free. */
@@ -225,6 +239,15 @@ int kva_split_schedule_packed(int num_requests, const int32_t *kv_len, int block
                               int slack, int overhead, kva_split_work *work,
                               int32_t *split_indptr, int32_t *order, int64_t *keys,
                               int32_t *nxt);
+
+/* As kva_split_schedule_packed (same outputs and scratch), each worker
+ * charged what its chunks cost (split_schedule.c, "costed walk"); requests
+ * stay whole when that needs at most `slack` blocks more capacity than
+ * cutting. costs NULL or negative: the packed walk with its defaults. */
+int kva_split_schedule_costed(int num_requests, const int32_t *kv_len, int block,
+                              int num_workers, int slack, const kva_split_costs *costs,
+                              kva_split_work *work, int32_t *split_indptr, int32_t *order,
+                              int64_t *keys, int32_t *nxt);
 
 #ifdef __cplusplus
 }

@@ -4,6 +4,7 @@
  * writes the plan, so a failing update leaves the previous batch intact. */
 #include <limits.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/internal.h"
@@ -333,6 +334,28 @@ static int sched_overhead(const kva_plan *p, int max_dq) {
              : 0;
 }
 
+/* The costed walk's prices (the backend's, with its own worker count
+ * only: an explicit count gets the packed walk, as slack). KVA_SCHED_COSTED=0
+ * keeps the packed walk; KVA_SCHED_COSTS="chunk/partial/merge/many" (1/16
+ * blocks) overrides the prices (A/B). */
+static int sched_costs(const kva_plan *p, int max_dq, kva_split_costs *c) {
+  static int env = INT_MIN;
+  static int forced = 0;
+  static kva_split_costs fc;
+  if (env == INT_MIN) {
+    const char *e = getenv("KVA_SCHED_COSTS");
+    forced = e && sscanf(e, "%d/%d/%d/%d", &fc.chunk, &fc.partial, &fc.merge, &fc.merge_many) == 4;
+  }
+  if (!env_int_once(&env, "KVA_SCHED_COSTED", 1)) return 0;
+  const plan_impl *pi = (const plan_impl *)p;
+  const kva_backend *be = p->ctx->backend;
+  if (!pi->auto_workers || !be->split_costs || max_dq <= 0) return 0;
+  if (!be->split_costs(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq, p->cfg.split_block, c))
+    return 0;
+  if (forced) *c = fc;
+  return 1;
+}
+
 /* Split schedule over the decode requests and their partial rows, into
  * scratch. kv_len[i] = num_cached + num_new. */
 static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const int32_t *num_new,
@@ -356,7 +379,12 @@ static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const in
                         ? be->split_slack(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq,
                                           p->cfg.split_block)
                         : 0;
-  if (sched_packed(p))
+  kva_split_costs costs;
+  if (sched_packed(p) && sched_costs(p, max_dq, &costs))
+    *nsplits = kva_split_schedule_costed(n, pi->sched_kv, p->cfg.split_block, w, slack, &costs,
+                                         pi->tmp_sched, pi->tmp_indptr, pi->tmp_order,
+                                         pi->sched_keys, pi->sched_nxt);
+  else if (sched_packed(p))
     *nsplits = kva_split_schedule_packed(n, pi->sched_kv, p->cfg.split_block, w, slack,
                                          sched_overhead(p, max_dq), pi->tmp_sched, pi->tmp_indptr, pi->tmp_order,
                                          pi->sched_keys, pi->sched_nxt);

@@ -37,6 +37,18 @@
 
 #define KVA_SPLIT_OVERHEAD 2
 
+/* A worker with nothing to do (begin > end), and a worker's first chunk. */
+static void work_idle(kva_split_work *wk, int num_requests) {
+  wk->begin_req = num_requests;
+  wk->end_req = num_requests - 1;
+  wk->begin_pos = wk->end_pos = wk->begin_split = 0;
+}
+static void work_begin(kva_split_work *wk, int req, int64_t pos, int split) {
+  wk->begin_req = req;
+  wk->begin_pos = (int32_t)pos;
+  wk->begin_split = split;
+}
+
 int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q_len, int block,
                        int num_workers, int slack, kva_split_work *work, int32_t *split_indptr) {
   (void)q_len;
@@ -67,15 +79,11 @@ int kva_split_schedule(int num_requests, const int32_t *kv_len, const int32_t *q
   SKIP_EMPTY();
   for (int w = 0; w < num_workers; w++) {
     kva_split_work *wk = &work[w];
-    if (idx >= num_requests) { /* idle */
-      wk->begin_req = num_requests;
-      wk->end_req = num_requests - 1;
-      wk->begin_pos = wk->end_pos = wk->begin_split = 0;
+    if (idx >= num_requests) {
+      work_idle(wk, num_requests);
       continue;
     }
-    wk->begin_req = idx;
-    wk->begin_pos = (int32_t)(blk * block);
-    wk->begin_split = split;
+    work_begin(wk, idx, blk * block, split);
     int64_t remain = payload;
     int last = idx;
     int32_t last_end = 0;
@@ -151,6 +159,24 @@ static int cmp_key_desc(const void *a, const void *b) {
   return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* keys[0..m) = the nonempty requests' ids, longest first (ties: lower index
+ * first); *total = the sum of blocks x per_block + per_chunk over them.
+ * Returns m. */
+static int longest_first(int n, const int32_t *kv_len, int block, int64_t per_block,
+                         int64_t per_chunk, int64_t *keys, int64_t *total) {
+  int m = 0;
+  *total = 0;
+  for (int r = 0; r < n; r++)
+    if (kv_len[r] > 0) {
+      const int64_t b = ((int64_t)kv_len[r] + block - 1) / block;
+      keys[m++] = (b << 31) | (int64_t)(INT32_MAX - r);
+      *total += b * per_block + per_chunk;
+    }
+  qsort(keys, (size_t)m, sizeof(int64_t), cmp_key_desc);
+  for (int j = 0; j < m; j++) keys[j] = INT32_MAX - (keys[j] & INT32_MAX); /* now request ids */
+  return m;
+}
+
 /* One packed walk at `payload` over keys[0..m) (request ids, longest first);
  * returns 1 if it covered every request within num_workers workers. */
 static int packed_walk(int n, const int32_t *kv_len, int block, int num_workers, int slack,
@@ -165,19 +191,15 @@ static int packed_walk(int n, const int32_t *kv_len, int block, int num_workers,
   int carry_split = 0;    /* its chunks so far */
   for (int w = 0; w < num_workers; w++) {
     kva_split_work *wk = &work[w];
-    if (carry < 0 && sched_find(nxt, 0) >= m) { /* idle */
-      wk->begin_req = n;
-      wk->end_req = n - 1;
-      wk->begin_pos = wk->end_pos = wk->begin_split = 0;
+    if (carry < 0 && sched_find(nxt, 0) >= m) {
+      work_idle(wk, n);
       continue;
     }
     int64_t remain = payload;
     const int fresh = carry < 0;
     if (!fresh) { /* the rest of the cut request starts this worker */
       const int64_t left = BLOCKS(carry) - carry_blk;
-      wk->begin_req = pos - 1;
-      wk->begin_pos = (int32_t)(carry_blk * block);
-      wk->begin_split = carry_split;
+      work_begin(wk, pos - 1, carry_blk * block, carry_split);
       if (remain + slack < left + o) { /* cut again: the whole worker */
         carry_blk += remain - o;
         carry_split++;
@@ -195,9 +217,7 @@ static int packed_walk(int n, const int32_t *kv_len, int block, int num_workers,
      * starts it and is cut at its payload (the cut below) */
     int fresh_long = 0;
     if (fresh) {
-      wk->begin_req = pos;
-      wk->begin_pos = 0;
-      wk->begin_split = 0;
+      work_begin(wk, pos, 0, 0);
       wk->end_req = -1; /* set below: a fresh worker always takes a request */
       fresh_long = remain + slack < BLOCKS(keys[sched_find(nxt, 0)]) + o;
     }
@@ -257,17 +277,8 @@ int kva_split_schedule_packed(int num_requests, const int32_t *kv_len, int block
     return kva_split_schedule(n, kv_len, NULL, block, num_workers, slack, work, split_indptr);
   }
   const int64_t o = overhead > 0 ? overhead : KVA_SPLIT_OVERHEAD;
-  /* nonempty requests by blocks, longest first (ties: lower index first) */
-  int m = 0;
-  int64_t total = 0;
-  for (int r = 0; r < n; r++)
-    if (kv_len[r] > 0) {
-      const int64_t b = ((int64_t)kv_len[r] + block - 1) / block;
-      keys[m++] = (b << 31) | (int64_t)(INT32_MAX - r);
-      total += b + o;
-    }
-  qsort(keys, (size_t)m, sizeof(int64_t), cmp_key_desc);
-  for (int j = 0; j < m; j++) keys[j] = INT32_MAX - (keys[j] & INT32_MAX); /* now request ids */
+  int64_t total;
+  const int m = longest_first(n, kv_len, block, 1, o, keys, &total);
   /* The in-order walk's payload always covers the batch (see the top). With
    * slack, workers that keep requests whole run past it and the walk would
    * end early, leaving the last workers idle (measured on the H100: 6 of 132
@@ -301,4 +312,198 @@ kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_
   c.k1 = pos == work->end_req ? work->end_pos : kv_len;
   c.split = pos == work->begin_req ? work->begin_split : 0;
   return c;
+}
+
+/* ---- costed walk --------------------------------------------------------
+ *
+ * The packed walk prices every chunk alike (`overhead`) and lets a worker run
+ * `slack` past its payload. On the H100 the kernels' timelines fit a CTA's
+ * end to blocks plus what each chunk's end costs (scripts/mla_cost_model.py,
+ * 64 query rows, in blocks of streaming: chunk 2.4, partial write 1.2, the
+ * two-chunk merge 1.8, a merge of three or more chunks 6.9), and the step
+ * ends with the workers that ran past their payload or merged a long request
+ * last. This walk charges each worker exactly what its chunks will cost it,
+ * in 1/KVA_SPLIT_COST_UNIT blocks, against one capacity T (the smallest that
+ * covers the batch, found by bisection):
+ *  - a cut at a worker's end leaves the rest to start the next worker, and is
+ *    made only if that rest fits there whole, so the cut request has two
+ *    chunks: the head ends last (at T) and merges, the rest writes partial
+ *    rows. A cut that would leave a third chunk is not made; the worker's
+ *    room stays empty;
+ *  - a request longer than a fresh worker's T starts that worker; if its rest
+ *    then does not fit the next worker, every chunk but its last is charged a
+ *    merge of many chunks (whichever of them ends last merges).
+ *  - requests stay whole when that needs at most `slack` blocks more
+ *    capacity than cutting (128 x 8192 keys on 66 workers: 64 cuts for 2%
+ *    of capacity measured 3-7% slower than none).
+ * Order and work[] as the packed walk (longest first; positions in order[]).
+ * Measured on the H100 against the packed walk (MLA, b=128, N(L, L/2)
+ * lengths, three calls): +0.3 to +1.5% on the varlen rows of 16 to 64 query
+ * rows, where the model above predicts 2-4%; v5's batches of 128 query rows
+ * measured 1-3% slower at sk 4096 and keep the packed walk. */
+
+typedef struct costed_walk {
+  int n, m, block, num_workers, cuts; /* cuts 0: requests stay whole */
+  const int32_t *kv_len;
+  const int64_t *keys; /* request ids, longest first */
+  const kva_split_costs *c;
+  kva_split_work *work;
+  int32_t *split_indptr, *order, *nxt;
+  /* walk state: requests placed in order[]; the request cut by the last
+   * worker (-1: none), its first block not yet placed and chunks so far */
+  int pos, carry, carry_split;
+  int64_t carry_blk;
+} costed_walk;
+
+/* Key j placed at the end of worker wk: whole (head 0) or its first `head`
+ * blocks, the rest carried to the next worker. */
+static void cw_place(costed_walk *cw, kva_split_work *wk, int64_t j, int64_t head) {
+  const int r = (int)cw->keys[j];
+  cw->nxt[j] = (int32_t)j + 1;
+  cw->order[cw->pos++] = r;
+  wk->end_req = cw->pos - 1;
+  if (head > 0) {
+    cw->carry = r;
+    cw->carry_blk = head;
+    cw->carry_split = 1;
+    wk->end_pos = (int32_t)(head * cw->block);
+  } else {
+    cw->split_indptr[r + 1] = 1;
+    wk->end_pos = cw->kv_len[r];
+  }
+}
+
+static int64_t cw_blocks(const costed_walk *cw, int r) {
+  return ((int64_t)cw->kv_len[r] + cw->block - 1) / cw->block;
+}
+
+/* first untaken key index whose request has at most `limit` blocks (m: none) */
+static int64_t cw_longest_within(const costed_walk *cw, int64_t limit) {
+  int lo = 0, hi = cw->m;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (cw_blocks(cw, (int)cw->keys[mid]) <= limit) hi = mid; else lo = mid + 1;
+  }
+  return sched_find(cw->nxt, lo);
+}
+
+static int costed_walk_at(costed_walk *cw, int64_t T) {
+  const int64_t U = KVA_SPLIT_COST_UNIT;
+  const kva_split_costs *c = cw->c;
+  const int n = cw->n, m = cw->m;
+  for (int r = 0; r < n; r++) cw->split_indptr[r + 1] = 0; /* chunk counts, for now */
+  for (int j = 0; j <= m; j++) cw->nxt[j] = j;
+  cw->pos = 0;
+  cw->carry = -1;
+  for (int w = 0; w < cw->num_workers; w++) {
+    kva_split_work *wk = &cw->work[w];
+    int64_t load = 0;
+    if (cw->carry >= 0) {
+      const int carry = cw->carry;
+      const int64_t left = cw_blocks(cw, carry) - cw->carry_blk;
+      work_begin(wk, cw->pos - 1, cw->carry_blk * cw->block, cw->carry_split);
+      wk->end_req = cw->pos - 1;
+      if (left * U + c->chunk + c->partial > T) { /* a middle chunk: the whole worker */
+        const int64_t take = (T - c->chunk - c->merge_many) / U;
+        if (take < 1 || take >= left) return 0;
+        cw->carry_blk += take;
+        cw->carry_split++;
+        wk->end_pos = (int32_t)(cw->carry_blk * cw->block);
+        continue;
+      }
+      load = left * U + c->chunk + c->partial; /* the last chunk: ends early, writes partials */
+      cw->split_indptr[carry + 1] = cw->carry_split + 1;
+      wk->end_pos = cw->kv_len[carry];
+      cw->carry = -1;
+    } else {
+      const int64_t j = sched_find(cw->nxt, 0);
+      if (j >= m) {
+        work_idle(wk, n);
+        continue;
+      }
+      work_begin(wk, cw->pos, 0, 0);
+      const int64_t b = cw_blocks(cw, (int)cw->keys[j]);
+      if (b * U + c->chunk > T) { /* too long for a fresh worker: its head is the worker */
+        if (!cw->cuts) return 0;
+        int64_t head = (T - c->chunk - c->merge) / U;
+        if (head < 1) return 0;
+        if ((b - head) * U + c->chunk + c->partial > T) head = (T - c->chunk - c->merge_many) / U;
+        if (head < 1 || head >= b) return 0;
+        cw_place(cw, wk, j, head);
+        continue;
+      }
+    }
+    for (;;) { /* whole requests, longest first, while one fits */
+      const int64_t room = T - load - c->chunk;
+      const int64_t j = room >= U ? cw_longest_within(cw, room / U) : m;
+      if (j >= m) break;
+      load += cw_blocks(cw, (int)cw->keys[j]) * U + c->chunk;
+      cw_place(cw, wk, j, 0);
+    }
+    /* the room left: the head of the longest request whose rest fits the
+     * next worker whole */
+    const int64_t head = (T - load - c->chunk - c->merge) / U;
+    if (cw->cuts && head >= 1 && T - c->chunk - c->partial >= 0) {
+      const int64_t j = cw_longest_within(cw, head + (T - c->chunk - c->partial) / U);
+      if (j < m) cw_place(cw, wk, j, head);
+    }
+  }
+  if (cw->carry >= 0 || sched_find(cw->nxt, 0) < m) return 0;
+  for (int r = 0; r < n; r++)
+    if (cw->kv_len[r] <= 0) cw->order[cw->pos++] = r;
+  return 1;
+}
+
+int kva_split_schedule_costed(int num_requests, const int32_t *kv_len, int block,
+                              int num_workers, int slack, const kva_split_costs *costs,
+                              kva_split_work *work, int32_t *split_indptr, int32_t *order,
+                              int64_t *keys, int32_t *nxt) {
+  if (block < 1) block = 1;
+  if (num_requests < 0) num_requests = 0;
+  const int n = num_requests;
+  if (!costs || costs->chunk < 0 || costs->partial < 0 || costs->merge < 0 ||
+      costs->merge_many < 0)
+    return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
+                                     order, keys, nxt);
+  if (num_workers < 1 || !work || !split_indptr || !order || !keys || !nxt ||
+      (n > 0 && !kv_len))
+    return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
+                                     order, keys, nxt);
+  int64_t total;
+  const int m = longest_first(n, kv_len, block, KVA_SPLIT_COST_UNIT, costs->chunk, keys, &total);
+  costed_walk cw = {n, m, block, num_workers, 1, kv_len, keys, costs, work, split_indptr, order,
+                    nxt, 0, -1, 0, 0};
+  /* T = total covers it in one worker; bisect down (walks are not strictly
+   * monotone in T: the last feasible T found is the one walked) */
+  const int64_t top = total + costs->merge_many + KVA_SPLIT_COST_UNIT;
+  int64_t lo = total / num_workers, hi = top;
+  if (lo < 1) lo = 1;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (costed_walk_at(&cw, mid)) hi = mid; else lo = mid + 1;
+  }
+  /* Requests kept whole when that costs at most `slack` blocks of capacity:
+   * a cut's merge costs bytes the per-worker prices leave out, so a batch of
+   * equal requests on fewer workers (128 x 8192 keys, 66 workers: 64 cuts
+   * for 2% of capacity) measured slower cut. */
+  const int64_t cut_t = hi;
+  cw.cuts = 0;
+  lo = total / num_workers;
+  hi = cut_t + (int64_t)(slack > 0 ? slack : 0) * KVA_SPLIT_COST_UNIT;
+  if (lo < 1) lo = 1;
+  if (lo <= hi && costed_walk_at(&cw, hi)) {
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (costed_walk_at(&cw, mid)) hi = mid; else lo = mid + 1;
+    }
+  } else {
+    cw.cuts = 1;
+    hi = cut_t;
+  }
+  if (!costed_walk_at(&cw, hi))
+    return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
+                                     order, keys, nxt);
+  split_indptr[0] = 0;
+  for (int r = 0; r < n; r++) split_indptr[r + 1] += split_indptr[r];
+  return split_indptr[n];
 }

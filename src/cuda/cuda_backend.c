@@ -145,6 +145,13 @@ static int cuda_split_overhead(const kva_context *ctx, const kva_pool *pool, int
   return kva_cuda_mla_split_overhead(num_qo_heads, max_q_len, block);
 }
 
+static int cuda_split_costs(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
+                            int max_q_len, int block, kva_split_costs *out) {
+  (void)ctx;
+  if (pool->cfg.layout != KVA_LAYOUT_MLA) return 0;
+  return kva_cuda_mla_split_costs(num_qo_heads, max_q_len, block, out);
+}
+
 /* Runs of consecutive src and dst slots (a fork copies a page prefix) move
  * in one stream-ordered copy per layer and buffer. */
 static kva_status cuda_copy_slots(kva_pool *pool, int count, const int32_t *src, const int32_t *dst) {
@@ -210,6 +217,7 @@ static const kva_backend cuda_backend = {
     .default_split_block = cuda_default_split_block,
     .split_slack = cuda_split_slack,
     .split_overhead = cuda_split_overhead,
+    .split_costs = cuda_split_costs,
     .plan_init = kva_cuda_plan_init,
     .plan_upload = kva_cuda_plan_upload,
     .plan_free = kva_cuda_plan_free,

@@ -154,6 +154,8 @@ extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
  * most 64 rows) are written and read back by the merge; that is about
  * rows x 512 x 4 x 3 bytes against a block of 16-bit latents (measured,
  * H100 h64: partial write ~3 us + merge ~13 us, 5 blocks of streaming).
+ * Batches priced for the costed walk (kva_cuda_mla_split_costs) use it only
+ * as the capacity a batch may give up to keep every request whole.
  * KVA_MLA_SLACK=N overrides (A/B; read once). */
 extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block) {
   static mla_env_switch sw;
@@ -181,6 +183,31 @@ extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int 
   int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
   if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
   return 2 + (int)((rows + 31) / 32);
+}
+
+/* The costed walk's prices (split_schedule.c), in 1/16 blocks, from a fit
+ * of v2's CTA ends on the H100 (h16 and h64 s_q1 sk4096 varlen timelines,
+ * 2026-11-26; scripts/mla_cost_model.py): with pb the partial rows' bytes in
+ * blocks of 16-bit latents (rows x 512 x 4 / (block x 1152): 1.78 at 64
+ * rows of 64-key blocks), a chunk 2.1 + 0.16 pb, a partial write 0.4 +
+ * 0.46 pb, the two-chunk merge (one round of loads into smem) 1.0 + 0.47 pb,
+ * and the merge of three or more (every chunk's rows written, counted and
+ * read back) 0.9 + 3.37 pb. */
+extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block,
+                                        kva_split_costs *out) {
+  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
+  const int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  /* v5's batches (two or more row tiles) keep the packed walk: there the
+   * costed one measured 1-3% slower on the 128-row varlen rows at sk 4096
+   * (its extra cuts), level or faster at 256 rows */
+  if (rows >= 2 * KVA_MLA_BM) return 0;
+  const int64_t blk = (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
+  const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / blk; /* 1/16 blocks */
+  out->chunk = (int32_t)(34 + pb * 16 / 100);
+  out->partial = (int32_t)(6 + pb * 46 / 100);
+  out->merge = (int32_t)(16 + pb * 47 / 100);
+  out->merge_many = (int32_t)(14 + pb * 337 / 100);
+  return 1;
 }
 
 extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int layer,
