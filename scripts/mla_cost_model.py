@@ -9,7 +9,7 @@ tools/dec_trace.c), and replays split schedules under that model.
   mla_cost_model.py TRACE --sim S:O ...    also walk the batch of TRACE with
                                            the packed walk at slack S and chunk
                                            cost O (blocks), or with
-                                           costed:C/P/M/MM, the costed walk at
+                                           costed:C/P/M/MM/MG/H, the costed walk at
                                            those prices (1/16 blocks; slack 6),
                                            both from src/core/split_schedule.c
                                            built here with cc, and print each
@@ -87,7 +87,8 @@ def schedule_lib():
 
 
 class Costs(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_int32) for n in ("chunk", "partial", "merge", "merge_many")]
+    _fields_ = [(n, ctypes.c_int32) for n in ("chunk", "partial", "merge", "merge_many", "margin",
+                                             "min_head")]
 
 
 def walk(lib, lens, workers, arg):

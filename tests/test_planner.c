@@ -229,10 +229,12 @@ static int run_schedule(int n, const int32_t *kv, int block, int nw, int slack,
   for (int w = 0; w < nw; w++) work[w].begin_req = work[w].end_req = -7;
   for (int i = 0; i <= n; i++) indptr[i] = -7;
   for (int i = 0; i < n; i++) order[i] = -7;
-  kva_split_costs costs = {rand_int(0, 80), rand_int(0, 40), rand_int(0, 60), rand_int(0, 200)};
-  if (rand_int(0, 3) == 0) costs.chunk = costs.partial = costs.merge = costs.merge_many = 0;
-  snprintf(w2, sizeof(w2), "%s, costed %d/%d/%d/%d", what, costs.chunk, costs.partial,
-           costs.merge, costs.merge_many);
+  kva_split_costs costs = {rand_int(0, 80), rand_int(0, 40), rand_int(0, 60), rand_int(0, 200),
+                           rand_int(0, 60), rand_int(0, 8)};
+  if (rand_int(0, 3) == 0)
+    costs.chunk = costs.partial = costs.merge = costs.merge_many = costs.margin = costs.min_head = 0;
+  snprintf(w2, sizeof(w2), "%s, costed %d/%d/%d/%d/%d/%d", what, costs.chunk, costs.partial,
+           costs.merge, costs.merge_many, costs.margin, costs.min_head);
   total = kva_split_schedule_costed(n, kv, block, nw, slack, &costs, work, indptr, order, keys, nxt);
   bad |= check_schedule(n, kv, block, nw, -1, work, indptr, total, order, 0, w2);
   free(order);
@@ -323,8 +325,9 @@ static void test_schedule(void) {
                L, L / 2, pk3, seq3);
         /* the costed walk at the CUDA backend's 64-row prices: no longer
          * under its own model than the packed walk, and a third chunk only
-         * for requests longer than two workers' share */
-        const kva_split_costs c64 = {38, 18, 29, 108};
+         * for requests longer than two workers' share, less what their
+         * chunks reserve for the merge */
+        const kva_split_costs c64 = {38, 18, 29, 108, 29, 1};
         const int64_t pk_max = model_max(128, vl, 64, 132, work, indptr, order, &c64);
         int cs = kva_split_schedule_costed(128, vl, 64, 132, 6, &c64, work, indptr, order, keys, nxt);
         check_schedule(128, vl, 64, 132, -1, work, indptr, cs, order, 0, "varlen 128, costed");
@@ -334,7 +337,7 @@ static void test_schedule(void) {
         int cs3 = 0, long3 = 0;
         for (int r = 0; r < 128; r++) {
           cs3 += indptr[r + 1] - indptr[r] >= 3;
-          long3 += ((int64_t)vl[r] + 63) / 64 * 16 > 2 * (tot / 132);
+          long3 += ((int64_t)vl[r] + 63) / 64 * 16 > 2 * (tot / 132 - c64.chunk - c64.merge_many);
         }
         EXPECT(cs_max <= pk_max, "varlen 128 x N(%d, %d): costed walk's longest worker %lld > "
                "packed %lld (1/16 blocks)", L, L / 2, (long long)cs_max, (long long)pk_max);

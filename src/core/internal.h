@@ -141,11 +141,15 @@ kva_status kva_graph_record_attention(struct kva_graph_recorder *rec, const kva_
 /* What a chunk's end costs a worker, in 1/KVA_SPLIT_COST_UNIT blocks
  * (the costed walk, split_schedule.c): every chunk (its Q load and pipeline
  * refill), partial rows written by a chunk that does not complete its
- * request, the merge by the chunk that completes a request of two chunks,
- * and of three or more. */
+ * request, the merge by the chunk that completes a request of two chunks
+ * (having found the other's rows written), and the merge from global
+ * memory (three or more chunks, or two that end together). margin: how
+ * much earlier than the head's end the rest of a cut request must end,
+ * for the spread of CTA ends; min_head: the fewest blocks a cut leaves in
+ * the worker that makes it. */
 #define KVA_SPLIT_COST_UNIT 16
 typedef struct kva_split_costs {
-  int32_t chunk, partial, merge, merge_many;
+  int32_t chunk, partial, merge, merge_many, margin, min_head;
 } kva_split_costs;
 
 struct kva_backend {

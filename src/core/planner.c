@@ -336,15 +336,16 @@ static int sched_overhead(const kva_plan *p, int max_dq) {
 
 /* The costed walk's prices (the backend's, with its own worker count
  * only: an explicit count gets the packed walk, as slack). KVA_SCHED_COSTED=0
- * keeps the packed walk; KVA_SCHED_COSTS="chunk/partial/merge/many" (1/16
- * blocks) overrides the prices (A/B). */
+ * keeps the packed walk; KVA_SCHED_COSTS="chunk/partial/merge/many/margin/
+ * min_head" (1/16 blocks; min_head in blocks) overrides the prices (A/B). */
 static int sched_costs(const kva_plan *p, int max_dq, kva_split_costs *c) {
   static int env = INT_MIN;
   static int forced = 0;
   static kva_split_costs fc;
   if (env == INT_MIN) {
     const char *e = getenv("KVA_SCHED_COSTS");
-    forced = e && sscanf(e, "%d/%d/%d/%d", &fc.chunk, &fc.partial, &fc.merge, &fc.merge_many) == 4;
+    forced = e && sscanf(e, "%d/%d/%d/%d/%d/%d", &fc.chunk, &fc.partial, &fc.merge,
+                         &fc.merge_many, &fc.margin, &fc.min_head) == 6;
   }
   if (!env_int_once(&env, "KVA_SCHED_COSTED", 1)) return 0;
   const plan_impl *pi = (const plan_impl *)p;

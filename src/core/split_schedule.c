@@ -326,13 +326,15 @@ kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_
  * in 1/KVA_SPLIT_COST_UNIT blocks, against one capacity T (the smallest that
  * covers the batch, found by bisection):
  *  - a cut at a worker's end leaves the rest to start the next worker, and is
- *    made only if that rest fits there whole, so the cut request has two
- *    chunks: the head ends last (at T) and merges, the rest writes partial
- *    rows. A cut that would leave a third chunk is not made; the worker's
- *    room stays empty;
+ *    made only if that rest ends there early (a margin before the head's
+ *    end) and leaves at least min_head blocks here, so the cut request has
+ *    two chunks: the rest writes partial rows
+ *    and the head, ending last, merges them before its write. A cut that
+ *    would leave a third chunk is not made; the worker's room stays empty;
  *  - a request longer than a fresh worker's T starts that worker; if its rest
- *    then does not fit the next worker, every chunk but its last is charged a
- *    merge of many chunks (whichever of them ends last merges).
+ *    cannot end early in the next worker, every chunk that ends late (at a
+ *    worker's end) is charged the merge from global memory, since whichever
+ *    of them ends last merges that way.
  *  - requests stay whole when that needs at most `slack` blocks more
  *    capacity than cutting (128 x 8192 keys on 66 workers: 64 cuts for 2%
  *    of capacity measured 3-7% slower than none).
@@ -391,6 +393,13 @@ static int costed_walk_at(costed_walk *cw, int64_t T) {
   const int64_t U = KVA_SPLIT_COST_UNIT;
   const kva_split_costs *c = cw->c;
   const int n = cw->n, m = cw->m;
+  /* the last chunk of a cut request, at a worker's start, must have written
+   * its partial rows before the head's key loop ends (at T - merge): then
+   * the head merges them before its own write; else both write and the last
+   * merges from global memory (measured: 12 us at 64 rows, at the step's
+   * end), `margin` earlier for the spread of CTA ends. */
+  const int64_t tail_max = T - c->merge - c->margin - c->chunk - c->partial; /* U x blocks */
+  const int64_t min_head = c->min_head > 1 ? c->min_head : 1;
   for (int r = 0; r < n; r++) cw->split_indptr[r + 1] = 0; /* chunk counts, for now */
   for (int j = 0; j <= m; j++) cw->nxt[j] = j;
   cw->pos = 0;
@@ -403,15 +412,19 @@ static int costed_walk_at(costed_walk *cw, int64_t T) {
       const int64_t left = cw_blocks(cw, carry) - cw->carry_blk;
       work_begin(wk, cw->pos - 1, cw->carry_blk * cw->block, cw->carry_split);
       wk->end_req = cw->pos - 1;
-      if (left * U + c->chunk + c->partial > T) { /* a middle chunk: the whole worker */
+      if (left * U > tail_max) { /* ends late: charged the merge from global memory */
         const int64_t take = (T - c->chunk - c->merge_many) / U;
-        if (take < 1 || take >= left) return 0;
-        cw->carry_blk += take;
-        cw->carry_split++;
-        wk->end_pos = (int32_t)(cw->carry_blk * cw->block);
-        continue;
+        if (take < 1) return 0;
+        if (take < left) { /* a middle chunk: the whole worker */
+          cw->carry_blk += take;
+          cw->carry_split++;
+          wk->end_pos = (int32_t)(cw->carry_blk * cw->block);
+          continue;
+        }
+        load = left * U + c->chunk + c->merge_many;
+      } else {
+        load = left * U + c->chunk + c->partial; /* ends early, writes partial rows */
       }
-      load = left * U + c->chunk + c->partial; /* the last chunk: ends early, writes partials */
       cw->split_indptr[carry + 1] = cw->carry_split + 1;
       wk->end_pos = cw->kv_len[carry];
       cw->carry = -1;
@@ -427,7 +440,7 @@ static int costed_walk_at(costed_walk *cw, int64_t T) {
         if (!cw->cuts) return 0;
         int64_t head = (T - c->chunk - c->merge) / U;
         if (head < 1) return 0;
-        if ((b - head) * U + c->chunk + c->partial > T) head = (T - c->chunk - c->merge_many) / U;
+        if ((b - head) * U > tail_max) head = (T - c->chunk - c->merge_many) / U;
         if (head < 1 || head >= b) return 0;
         cw_place(cw, wk, j, head);
         continue;
@@ -443,8 +456,8 @@ static int costed_walk_at(costed_walk *cw, int64_t T) {
     /* the room left: the head of the longest request whose rest fits the
      * next worker whole */
     const int64_t head = (T - load - c->chunk - c->merge) / U;
-    if (cw->cuts && head >= 1 && T - c->chunk - c->partial >= 0) {
-      const int64_t j = cw_longest_within(cw, head + (T - c->chunk - c->partial) / U);
+    if (cw->cuts && head >= min_head && tail_max >= 0) {
+      const int64_t j = cw_longest_within(cw, head + tail_max / U);
       if (j < m) cw_place(cw, wk, j, head);
     }
   }
@@ -462,7 +475,7 @@ int kva_split_schedule_costed(int num_requests, const int32_t *kv_len, int block
   if (num_requests < 0) num_requests = 0;
   const int n = num_requests;
   if (!costs || costs->chunk < 0 || costs->partial < 0 || costs->merge < 0 ||
-      costs->merge_many < 0)
+      costs->merge_many < 0 || costs->margin < 0 || costs->min_head < 0)
     return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
                                      order, keys, nxt);
   if (num_workers < 1 || !work || !split_indptr || !order || !keys || !nxt ||

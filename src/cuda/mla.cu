@@ -135,6 +135,18 @@ static int mla_coloc(int tiles) {
   return c == 2 && tiles % 2 == 0 ? 2 : 1;
 }
 
+/* kva_mla_args.merge_wait_ns: 8 us unless KVA_MLA_MERGE_WAIT=N ns (0: no
+ * wait). H100, 2026-11-26, same call, 4 samples: the 64-row varlen rows at
+ * sk 4096 -0.8 to -1.1% time with 4, 8 or 16 us, every other varlen row
+ * level. (Without it, a timeline had one rest count ~0.3 us after its head
+ * looked; both wrote partial rows and the head merged from global memory in
+ * 14 us, the step's last CTA.) */
+static unsigned mla_merge_wait_ns(void) {
+  static mla_env_switch sw;
+  const int v = mla_env_int(&sw, "KVA_MLA_MERGE_WAIT", 8000);
+  return v > 0 ? (unsigned)v : 0u;
+}
+
 /* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise (A/B).
  * Measured on the H100 (2026-11-22, same call): varlen rows at 16-32 query
  * rows +2-4 points of copy rate, 64-row varlen rows +0-1. */
@@ -207,6 +219,8 @@ extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int blo
   out->partial = (int32_t)(6 + pb * 46 / 100);
   out->merge = (int32_t)(16 + pb * 47 / 100);
   out->merge_many = (int32_t)(14 + pb * 337 / 100);
+  out->margin = out->merge;
+  out->min_head = 1;
   return 1;
 }
 
@@ -252,6 +266,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
   a.l2_hints = mla_l2_hints();
+  a.merge_wait_ns = mla_merge_wait_ns();
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();

@@ -83,6 +83,10 @@ typedef struct kva_mla_args {
    * page and ends at or before the chunk's end as TMA boxes of kv_map
    * ([slots][576], 64 columns x 64 keys a box), not the threads' cp.async */
   int kv_tma;
+  /* v2: how long the head (split 0) of a two-chunk request waits for the
+   * other chunk to count before it writes its own partial rows (ns; 0: no
+   * wait) */
+  unsigned merge_wait_ns;
   CUtensorMap kv_map;
 } kva_mla_args;
 

@@ -87,4 +87,19 @@ static __device__ __forceinline__ int kva_split_known_last(int32_t *sem, int nsp
   return 1;
 }
 
+/* kva_split_known_last, polling for up to wait_ns for the other chunks to
+ * count (the chunk a schedule plans to end last: a late sibling would
+ * otherwise make both write partial rows and the last merge from global
+ * memory). Bounded, so it needs no other CTA to be resident. */
+static __device__ __forceinline__ int kva_split_known_last_wait(int32_t *sem, int nsplit,
+                                                                unsigned wait_ns) {
+  const unsigned long long end = kva_globaltimer() + wait_ns;
+  while (kva_ld_acquire_gpu((const int *)sem) != nsplit - 1) {
+    if (kva_globaltimer() >= end) return 0;
+    __nanosleep(256);
+  }
+  atomicExch((int *)sem, 0);
+  return 1;
+}
+
 #endif /* KVA_CUDA_SPLIT_MERGE_CUH */
