@@ -33,9 +33,6 @@
 #include "cuda/mla_chunk_end.cuh"
 #include "cuda/split_merge.cuh"
 
-#ifndef KVA_MLA_KO /* knockout experiments (timing only, wrong results) */
-#define KVA_MLA_KO 0
-#endif
 #define KVA_MLA_QBLK (KVA_MLA_BM * 128) /* bytes of one 64-column block of the Q tile */
 #define KVA_MLA_KBLK (KVA_MLA_BN * 128) /* ... of a K/V tile */
 
@@ -74,7 +71,6 @@ static __device__ __forceinline__ void mla_issue_row(uint32_t dst, const unsigne
   static_assert(KVA_MLA_BN * 8 == KVA_MLA_THREADS, "one row per 8 threads");
   const int row = tid >> 3;
   const int bytes = slot >= 0 ? 16 : 0;
-  if (KVA_MLA_KO & 16) return;
   if (KV8) {
     const unsigned char *src = kv + (slot >= 0 ? (int64_t)slot * KVA_MLA_D : 0);
 #pragma unroll
@@ -222,7 +218,7 @@ static __device__ __forceinline__ void mla_issue_s(float s[16], uint32_t s_q, ui
   const uint64_t dq = mla_desc(s_q + 32 * wg, 16, 1024), dk = mla_desc(s_t + 32 * wg, 16, 1024);
   kva_wgmma_fence();
 #pragma unroll
-  for (int i = 0; i < ((KVA_MLA_KO & 8) ? 1 : KVA_MLA_D / 32); i++) {
+  for (int i = 0; i < KVA_MLA_D / 32; i++) {
     /* k-step kb = 2 i + wg: 64-column block i / 2, 16-column step 2 (i % 2) + wg */
     const uint32_t qo = (uint32_t)((i >> 1) * KVA_MLA_QBLK + (i & 1) * 64);
     const uint32_t ko = (uint32_t)((i >> 1) * KVA_MLA_KBLK + (i & 1) * 64);
@@ -244,7 +240,6 @@ static __device__ __forceinline__ void mla_issue_s(float s[16], uint32_t s_q, ui
 static __device__ __forceinline__ void mla_exchange(float s[16], float4 *xs, int wg, int tw) {
   /* the barriers sit outside the warpgroup branches: one instruction for
    * all 256 threads (compute-sanitizer synccheck) */
-  if (KVA_MLA_KO & 1) return;
   if (wg) {
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -309,17 +304,6 @@ static __device__ __forceinline__ void mla_softmax_tile(float s[4 * NJ], float m
                                                         int k1, int cached, const int pos[2],
                                                         const kva_mla_args &a, float qk_mul,
                                                         int tq) {
-  if (KVA_MLA_KO & 2) {
-#pragma unroll
-    for (int hf = 0; hf < 2; hf++) {
-#pragma unroll
-      for (int j = 0; j < NJ; j++) pk[j][hf] = mla_pack<QT>(s[4 * j + 2 * hf], s[4 * j + 2 * hf + 1]);
-      c[hf] = 1.0f;
-      m[hf] = 0.0f;
-      l[hf] = 1.0f;
-    }
-    return;
-  }
   const bool need_mask = kt + 8 * NJ > k1 || (a.causal && kt + 8 * NJ - 1 > cached);
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -384,7 +368,7 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
   kva_wgmma_fence();
   const uint64_t dv = mla_desc(s_cur + 4 * wg * KVA_MLA_KBLK, KVA_MLA_KBLK, 1024);
 #pragma unroll
-  for (int kk = 0; kk < ((KVA_MLA_KO & 4) ? 0 : BN / 16); kk++) {
+  for (int kk = 0; kk < BN / 16; kk++) {
     const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0],
                             pk[2 * kk + 1][1]};
 #pragma unroll

@@ -43,6 +43,7 @@ int __any_sync(unsigned mask, int pred);
 static inline int atomicAdd(int *p, int v) { const int o = *p; *p += v; return o; }
 static inline int atomicExch(int *p, int v) { const int o = *p; *p = v; return o; }
 static inline void __threadfence() {}
+static inline void __nanosleep(unsigned) {} /* no bounded waits run here (merge_wait_ns 0) */
 static inline int kva_atom_add_acq_rel_gpu(int *p, int v) { return atomicAdd(p, v); }
 /* emu_no_known_last: every chunk counts and the last one merges from
  * global (on a GPU the order of CTAs decides which path a chunk takes) */
