@@ -340,9 +340,9 @@ kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_
  *    of capacity measured 3-7% slower than none).
  * Order and work[] as the packed walk (longest first; positions in order[]).
  * Measured on the H100 against the packed walk (MLA, b=128, N(L, L/2)
- * lengths, three calls): +0.3 to +1.5% on the varlen rows of 16 to 64 query
- * rows, where the model above predicts 2-4%; v5's batches of 128 query rows
- * measured 1-3% slower at sk 4096 and keep the packed walk. */
+ * lengths; docs/performance.md, "Eighteenth session"): -2.6 to -2.9% time
+ * on the 64-row varlen rows, -0.5 to -2% at 16 and 32 rows; v5's batches of
+ * 128 query rows measured 0-2.4% slower and keep the packed walk. */
 
 typedef struct costed_walk {
   int n, m, block, num_workers, cuts; /* cuts 0: requests stay whole */
