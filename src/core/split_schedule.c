@@ -328,9 +328,9 @@ kva_split_chunk kva_split_work_chunk(const kva_split_work *work, int pos, int32_
  *  - a cut at a worker's end leaves the rest to start the next worker, and is
  *    made only if that rest ends there early (a margin before the head's
  *    end) and leaves at least min_head blocks here, so the cut request has
- *    two chunks: the rest writes partial rows
- *    and the head, ending last, merges them before its write. A cut that
- *    would leave a third chunk is not made; the worker's room stays empty;
+ *    two chunks: the rest writes partial rows and the head, ending last,
+ *    merges them before its write. A cut that would leave a third chunk is
+ *    not made; the worker's room stays empty;
  *  - a request longer than a fresh worker's T starts that worker; if its rest
  *    cannot end early in the next worker, every chunk that ends late (at a
  *    worker's end) is charged the merge from global memory, since whichever
@@ -453,8 +453,8 @@ static int costed_walk_at(costed_walk *cw, int64_t T) {
       load += cw_blocks(cw, (int)cw->keys[j]) * U + c->chunk;
       cw_place(cw, wk, j, 0);
     }
-    /* the room left: the head of the longest request whose rest fits the
-     * next worker whole */
+    /* the room left: the head of the longest request whose rest ends early
+     * in the next worker */
     const int64_t head = (T - load - c->chunk - c->merge) / U;
     if (cw->cuts && head >= min_head && tail_max >= 0) {
       const int64_t j = cw_longest_within(cw, head + tail_max / U);
@@ -486,11 +486,15 @@ int kva_split_schedule_costed(int num_requests, const int32_t *kv_len, int block
   const int m = longest_first(n, kv_len, block, KVA_SPLIT_COST_UNIT, costs->chunk, keys, &total);
   costed_walk cw = {n, m, block, num_workers, 1, kv_len, keys, costs, work, split_indptr, order,
                     nxt, 0, -1, 0, 0};
-  /* T = total covers it in one worker; bisect down (walks are not strictly
-   * monotone in T: the last feasible T found is the one walked) */
-  const int64_t top = total + costs->merge_many + KVA_SPLIT_COST_UNIT;
-  int64_t lo = total / num_workers, hi = top;
+  /* Bisect T (walks are not strictly monotone in T: the last feasible T
+   * found is the one walked). T = the mean plus the longest request and its
+   * dearest end covers the batch whenever no worker cuts (each worker then
+   * holds at least the mean), else T = total does, in one worker. */
+  const int64_t longest = m > 0 ? cw_blocks(&cw, (int)keys[0]) : 0;
+  int64_t lo = total / num_workers, hi = lo + longest * KVA_SPLIT_COST_UNIT + costs->chunk +
+                                          costs->merge_many + KVA_SPLIT_COST_UNIT;
   if (lo < 1) lo = 1;
+  if (!costed_walk_at(&cw, hi)) hi = total + costs->merge_many + KVA_SPLIT_COST_UNIT;
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo) / 2;
     if (costed_walk_at(&cw, mid)) hi = mid; else lo = mid + 1;
