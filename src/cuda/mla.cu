@@ -266,13 +266,16 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
   a.l2_hints = mla_l2_hints();
-  a.merge_wait_ns = mla_merge_wait_ns();
+  const int max_q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
+  /* the head's wait only where the costed walk planned the rest to end
+   * early (kva_cuda_mla_split_costs: fewer than two row tiles); elsewhere a
+   * rest may end after its head, which would then wait for nothing */
+  a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM ? mla_merge_wait_ns() : 0u;
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();
   if (ver == 0) {
-    const int q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
-    ver = hq * q >= 2 * KVA_MLA_BM ? 5 : 2;
+    ver = hq * max_q >= 2 * KVA_MLA_BM ? 5 : 2;
   }
   if (ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ver = 2;
   /* v5's TMA boxes of 64 keys need pages of whole 64-key runs; a driver
