@@ -186,7 +186,7 @@ struct kva_backend {
    * partial write. NULL or <= 0: 2. */
   int (*split_overhead)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                         int max_q_len, int block);
-  /* What a chunk's end costs (struct kva_split_costs, below) for the costed
+  /* What a chunk's end costs (struct kva_split_costs, above) for the costed
    * walk of MLA plans; returns 0 to keep the packed walk. NULL: packed. */
   int (*split_costs)(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                      int max_q_len, int block, kva_split_costs *out);

@@ -210,8 +210,9 @@ extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int blo
   const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
   const int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
   /* v5's batches (two or more row tiles) keep the packed walk: there the
-   * costed one measured 1-3% slower on the 128-row varlen rows at sk 4096
-   * (its extra cuts), level or faster at 256 rows */
+   * costed one measured 0-2.4% slower on the compute-bound varlen rows,
+   * priced as v2's or with every merge from global memory (v5 has no merge
+   * before the write) */
   if (rows >= 2 * KVA_MLA_BM) return 0;
   const int64_t blk = (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
   const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / blk; /* 1/16 blocks */
