@@ -161,6 +161,17 @@ extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
   return (num_qo_heads * max_q + KVA_MLA_BM - 1) / KVA_MLA_BM;
 }
 
+/* The planner's view of a batch for the split_* hooks below: its query
+ * rows (q heads x the longest decode request's new tokens, at least one)
+ * and the bytes of a split block of 16-bit latents. */
+static int64_t mla_sched_rows(int num_qo_heads, int max_q_len) {
+  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
+  return (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+}
+static int64_t mla_block_bytes(int block) {
+  return (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
+}
+
 /* Split-schedule slack for MLA (the backend's split_slack): a cut makes
  * one more chunk whose 512-dim f32 partial rows (one row tile's worth, at
  * most 64 rows) are written and read back by the merge; that is about
@@ -173,10 +184,9 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_SLACK", -1);
   if (forced >= 0) return forced;
-  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
-  int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
   if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
-  const int64_t merge = rows * KVA_MLA_DV * 4 * 3, blk = (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
+  const int64_t merge = rows * KVA_MLA_DV * 4 * 3, blk = mla_block_bytes(block);
   const int64_t slack = (merge + blk - 1) / blk;
   return (int)(slack < 8 ? slack : 8);
 }
@@ -191,8 +201,7 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * of 32 and 64 query rows. 2 + rows / 32: 3 up to 32 rows, 4 at 64. */
 extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block) {
   (void)block;
-  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
-  int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
   if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
   return 2 + (int)((rows + 31) / 32);
 }
@@ -207,15 +216,14 @@ extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int 
  * read back) 0.9 + 3.37 pb. */
 extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block,
                                         kva_split_costs *out) {
-  const int max_q = max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
-  const int64_t rows = (int64_t)num_qo_heads * (max_q > 0 ? max_q : 1);
+  const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
   /* v5's batches (two or more row tiles) keep the packed walk: there the
    * costed one measured 0-2.4% slower on the compute-bound varlen rows,
    * priced as v2's or with every merge from global memory (v5 has no merge
    * before the write) */
   if (rows >= 2 * KVA_MLA_BM) return 0;
-  const int64_t blk = (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
-  const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / blk; /* 1/16 blocks */
+  /* the partial rows' bytes in 1/16 blocks */
+  const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / mla_block_bytes(block);
   out->chunk = (int32_t)(34 + pb * 16 / 100);
   out->partial = (int32_t)(6 + pb * 46 / 100);
   out->merge = (int32_t)(16 + pb * 47 / 100);

@@ -94,12 +94,9 @@ static __device__ __forceinline__ int kva_split_known_last(int32_t *sem, int nsp
 static __device__ __forceinline__ int kva_split_known_last_wait(int32_t *sem, int nsplit,
                                                                 unsigned wait_ns) {
   const unsigned long long end = kva_globaltimer() + wait_ns;
-  while (kva_ld_acquire_gpu((const int *)sem) != nsplit - 1) {
-    if (kva_globaltimer() >= end) return 0;
+  while (kva_ld_acquire_gpu((const int *)sem) != nsplit - 1 && kva_globaltimer() < end)
     __nanosleep(256);
-  }
-  atomicExch((int *)sem, 0);
-  return 1;
+  return kva_split_known_last(sem, nsplit);
 }
 
 #endif /* KVA_CUDA_SPLIT_MERGE_CUH */
