@@ -2,8 +2,9 @@
 # A/B of the MLA kernels on FlashMLA's table rows, interleaved in one call:
 #   [KVA_AB="v2 v5"] bash scripts/ab_mla.sh [repeats]
 # KVA_AB: KVA_MLA_KERNEL values (default "v2 v5"; v5 runs 16-bit latents
-# only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path ..." (each
-# run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default}). Or environments:
+# only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path[:VAR=value[,VAR=value]] ..."
+# (each run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default} and the environment
+# given after the path, if any). Or environments:
 # KVA_AB_ENVS="name:VAR=value[,VAR=value] ..." on one binary. AB_SHAPES: a file of
 # bench arguments, one shape per line (default: the table's rows).
 set -uo pipefail
@@ -25,7 +26,9 @@ for rep in $(seq "$n"); do
   shapes | while read -r cfg; do
     for v in $order; do
       envs=
-      if [ -n "${KVA_AB_BINS:-}" ]; then name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
+      if [ -n "${KVA_AB_BINS:-}" ]; then
+        name=${v%%:*} bin=${v#*:} kern=${KVA_AB_KERNEL:-}
+        case $bin in *:*) envs=${bin#*:} bin=${bin%%:*} ;; esac
       elif [ -n "${KVA_AB_ENVS:-}" ]; then name=${v%%:*} envs=${v#*:} bin=$K kern=${KVA_AB_KERNEL:-}
       else name=$v bin=$K kern=$v; fi
       # shellcheck disable=SC2086
