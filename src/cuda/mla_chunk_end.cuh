@@ -55,46 +55,22 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
   }
 }
 
-/* mla_merge_chunks through smem: the chunks' partial rows come by cp.async
- * in batches of as many rows as `buf` holds for every chunk (the first
- * batch's copies in flight while each row's chunk weights are computed
- * once), then each item sums its chunks from smem. The merge runs while
- * the other SMs stream, so each round trip to L2 costs several us; this
- * makes one per batch (H100, item by item 8 at a time: ~15 us for two
- * chunks at 64 rows). Same weights, chunk order and fmaf arithmetic as
- * mla_merge_known_last: bitwise the same O and LSE. buf: buf_bytes of free
- * smem, at least mla_merge_buf_rows >= 1. Partial row (chunk j, tile row
- * `row`) and O row are linear in the request's row grow = row0 + row:
- * (p0 + j nt) hq + grow and tok0 hq + grow. */
-static __device__ __forceinline__ int mla_merge_buf_rows(size_t buf_bytes, int nsplit,
-                                                         int rows_here) {
-  const long long fl = (long long)(buf_bytes / 4) - (long long)rows_here * (nsplit + 1);
-  return fl > 0 ? (int)(fl / ((long long)nsplit * KVA_MLA_DV)) : 0;
-}
+/* mla_merge_chunks with each row's chunk weights computed once, into smem
+ * (sw: rows_here * (nsplit + 1) floats): a row has 512 columns, 128 items of
+ * 4, so each thread sums many items, and per item the running-max merge
+ * would wait for one round of loads; here 8 items x 2 chunks of loads are in
+ * flight at a time (measured, h64 varlen: a merge of 2-4 chunks took ~29 us
+ * item by item). Same chunk order as the per-item merge. */
+#define KVA_MLA_MERGE_ITEMS 8
 template <int QT>
 static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nsplit, int nt,
-                                          int tok0, int row0, int rows_here, int tid, float *buf,
-                                          size_t buf_bytes) {
+                                          int tok0, int row0, int rows_here, int tid, float *sw) {
   const size_t p0 = (size_t)a.split_row_offset[r];
-  const int rmax = mla_merge_buf_rows(buf_bytes, nsplit, rows_here);
-  const int R = rmax < rows_here ? rmax : rows_here; /* rows per batch */
-  float *const sw = buf + (size_t)R * nsplit * KVA_MLA_DV, *const sinv = sw + rows_here * nsplit;
-  const uint32_t s_buf = kva_smem_u32(buf);
-  /* batch rows rb .. rb + rn - 1 of every chunk into buf [j][rn][512] */
-#define MLA_MERGE_ISSUE(rb, rn)                                                               \
-  do {                                                                                        \
-    for (int j = 0; j < nsplit; j++) {                                                        \
-      const float *src = a.part_o + (((p0 + (size_t)j * nt) * a.hq) + row0 + (rb)) * KVA_MLA_DV; \
-      const uint32_t dst = s_buf + (uint32_t)(j * (rn)) * (KVA_MLA_DV * 4);                   \
-      for (int i = tid; i < (rn) * (KVA_MLA_DV / 4); i += KVA_MLA_THREADS)                    \
-        kva_cp_async_16(dst + 16 * i, src + 4 * i, 16);                                       \
-    }                                                                                         \
-    kva_cp_async_commit();                                                                    \
-  } while (0)
-  MLA_MERGE_ISSUE(0, R);
+  float *const sinv = sw + rows_here * nsplit;
   for (int idx = tid; idx < rows_here * nsplit; idx += KVA_MLA_THREADS) {
     const int row = idx / nsplit, j = idx - row * nsplit;
-    sw[idx] = __ldcg(a.part_lse + (p0 + (size_t)j * nt) * a.hq + row0 + row);
+    const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+    sw[idx] = __ldcg(a.part_lse + (p0 + t + (size_t)j * nt) * a.hq + h);
   }
   __syncthreads();
   for (int row = tid; row < rows_here; row += KVA_MLA_THREADS) { /* a thread per row */
@@ -108,36 +84,61 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
       ws += e;
     }
     sinv[row] = ws > 0.0f ? 1.0f / ws : 0.0f;
-    if (a.lse) a.lse[(size_t)tok0 * a.hq + row0 + row] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
+    const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+    if (a.lse) a.lse[(size_t)(tok0 + t) * a.hq + h] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
   }
-  uint16_t *const o0 = (uint16_t *)a.o + ((size_t)tok0 * a.hq + row0) * KVA_MLA_DV;
-  for (int rb = 0; rb < rows_here; rb += R) {
-    const int rn = rows_here - rb < R ? rows_here - rb : R;
-    if (rb > 0) MLA_MERGE_ISSUE(rb, rn);
-    kva_cp_async_wait<0>();
-    __syncthreads(); /* the batch landed (and, the first time, the weights) */
-    for (int i = tid; i < rn * (KVA_MLA_DV / 4); i += KVA_MLA_THREADS) {
-      const int row = rb + i / (KVA_MLA_DV / 4);
-      const float *w = sw + row * nsplit;
-      float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      for (int j = 0; j < nsplit; j++) {
-        const float4 v = *(const float4 *)(buf + ((size_t)j * rn * (KVA_MLA_DV / 4) + i) * 4);
-        acc.x = fmaf(w[j], v.x, acc.x); /* mla_merge_known_last's arithmetic */
-        acc.y = fmaf(w[j], v.y, acc.y);
-        acc.z = fmaf(w[j], v.z, acc.z);
-        acc.w = fmaf(w[j], v.w, acc.w);
-      }
-      const float inv = sinv[row];
-      *(uint2 *)(o0 + ((size_t)rb * (KVA_MLA_DV / 4) + i) * 4) =
-          make_uint2(mla_pack<QT>(acc.x * inv, acc.y * inv), mla_pack<QT>(acc.z * inv, acc.w * inv));
+  __syncthreads();
+  const int n = rows_here * (KVA_MLA_DV / 4);
+  const size_t jstride = (size_t)nt * a.hq * KVA_MLA_DV; /* chunk to chunk, floats */
+  const uint64_t pol = (a.l2_hints & 1) ? kva_l2_evict_first() : kva_l2_evict_normal();
+  for (int base = tid; base < n; base += KVA_MLA_MERGE_ITEMS * KVA_MLA_THREADS) {
+    float4 acc[KVA_MLA_MERGE_ITEMS];
+    const float *src[KVA_MLA_MERGE_ITEMS];
+    int wrow[KVA_MLA_MERGE_ITEMS];
+#pragma unroll
+    for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+      const int idx = base + k * KVA_MLA_THREADS, row = (idx < n ? idx : 0) / (KVA_MLA_DV / 4);
+      const int d4 = (idx < n ? idx : 0) % (KVA_MLA_DV / 4);
+      const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+      acc[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      src[k] = a.part_o + ((p0 + t) * a.hq + h) * KVA_MLA_DV + 4 * d4;
+      wrow[k] = row * nsplit;
     }
-    __syncthreads(); /* buf read before the next batch's copies */
+#pragma unroll 2
+    for (int j = 0; j < nsplit; j++) {
+      float4 v[KVA_MLA_MERGE_ITEMS];
+#pragma unroll
+      for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++)
+        v[k] = base + k * KVA_MLA_THREADS < n ? kva_ldcg_f32x4_hint(src[k] + j * jstride, pol)
+                                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+      for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+        const float w = sw[wrow[k] + j]; /* fmaf: mla_merge_known_last's arithmetic */
+        acc[k].x = fmaf(w, v[k].x, acc[k].x);
+        acc[k].y = fmaf(w, v[k].y, acc[k].y);
+        acc[k].z = fmaf(w, v[k].z, acc[k].z);
+        acc[k].w = fmaf(w, v[k].w, acc[k].w);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < KVA_MLA_MERGE_ITEMS; k++) {
+      const int idx = base + k * KVA_MLA_THREADS;
+      if (idx >= n) continue;
+      const int row = idx / (KVA_MLA_DV / 4), d4 = idx % (KVA_MLA_DV / 4);
+      const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
+      const float inv = sinv[row];
+      const size_t orow = (size_t)(tok0 + t) * a.hq + h;
+      *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =
+          make_uint2(mla_pack<QT>(acc[k].x * inv, acc[k].y * inv),
+                     mla_pack<QT>(acc[k].z * inv, acc[k].w * inv));
+    }
   }
-#undef MLA_MERGE_ISSUE
-  if (a.l2_hints & 4)
+  if (a.l2_hints & 4) {
+    __syncthreads(); /* every chunk's rows read */
     for (int j = 0; j < nsplit; j++)
       mla_discard_rows(a, a.part_o + ((p0 + (size_t)j * nt) * a.hq + row0) * KVA_MLA_DV, rows_here,
                        tid);
+  }
 }
 
 /* Per row of this thread (16 wq + g + 8 hf): the factor from its
@@ -216,8 +217,8 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
                                                       int tid, float *scratch,
                                                       size_t scratch_bytes) {
   const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
-  if (mla_merge_buf_rows(scratch_bytes, nsplit, rows_here) >= 1)
-    mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch, scratch_bytes);
+  if ((size_t)rows_here * (nsplit + 1) * 4 <= scratch_bytes)
+    mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch);
   else
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
 }

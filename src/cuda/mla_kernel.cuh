@@ -572,11 +572,11 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
       lt[hf] += __shfl_xor_sync(0xffffffffu, lt[hf], 2);
     }
     if (nsplit == 2) __syncthreads(); /* flag written */
-    /* Q and the ring are free until the next request's prologue */
+    /* the ring is free until the next request's prologue */
     trace_merges += mla_finish_chunk<QT, true>(a, o, lt, m, r, split, nsplit,
                                                nsplit == 2 && *flag, nt, tok0, row0, rows, tid,
-                                               wg, wq, g, tq, flag, (float *)p_q,
-                                               (size_t)(QTILE + KVA_MLA_RING(KV8)));
+                                               wg, wq, g, tq, flag, (float *)p_kv,
+                                               (size_t)KVA_MLA_RING(KV8));
     __syncthreads(); /* flag read, smem done with before the next request's copies */
   }
   KVA_TRACE_STAMP(8, kva_globaltimer());

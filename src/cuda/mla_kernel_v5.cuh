@@ -575,15 +575,15 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     float lt[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) lt[hf] = l[hf] + sl[(wg ^ 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
-    /* Q and the stages are free until the next request's loads. No merge before
+    /* The stages are free until the next request's loads. No merge before
      * the write (known_last 0): at 254 registers its first version made
      * ptxas spill; v2 runs the memory-bound rows where it counts. */
     trace_merges += mla_finish_chunk<QT, MLA5_STAMPS>(a, o, lt, m, r, split, nsplit, 0, nt,
                                                       tok0, row0, rows, tid, wg, wq, g, tq, flag,
-                                                      (float *)p_q,
-                                                      (size_t)(KVA_MLA_QTILE + 2 * TILE));
-    /* the merge's scratch in Q and the stages (generic writes) before the
-     * next request's TMA writes there */
+                                                      (float *)(p_q + KVA_MLA_QTILE),
+                                                      (size_t)(2 * TILE));
+    /* the merge's scratch in the stages (generic writes) before the next
+     * request's TMA writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
     __syncthreads(); /* row sums, flag read; stages free for the next request */
     MLA5_CLK(tl2);
