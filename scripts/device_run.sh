@@ -116,9 +116,9 @@ if has mla; then
 import json, sys
 for l in open(sys.argv[1]):
     j = json.loads(l)
-    print("mla b=%d sq=%d h=%-3d sk=%-5d var=%d kv=%-4s %7.4f ms %6.0f GB/s ratio %.3f %6.1f TFLOP/s [%s]" % (
+    print("mla b=%d sq=%d h=%-3d sk=%-5d var=%d kv=%-4s %7.4f ms %6.0f GB/s ratio %.3f %6.1f TFLOP/s [%s] FlashMLA's count %6.0f GB/s" % (
         j["batch"], j["sq"], int(j["heads"].split(":")[0]), j["ctx"], j["varlen"], j["kv_dtype"],
-        j["time_ms"], j["kv_gbps"], j["ratio"], j["tflops"], j.get("bound", "")))
+        j["time_ms"], j["kv_gbps"], j["ratio"], j["tflops"], j.get("bound", ""), j.get("flashmla_gbps", 0)))
 PY
 fi
 
