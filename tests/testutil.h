@@ -57,6 +57,9 @@ kva_context *tu_cpu_context(int num_threads);
 kva_pool *tu_pool(kva_context *ctx, kva_layout layout, int num_layers, int num_pages,
                   int page_size, int num_kv_heads, int head_dim, kva_dtype kv_dtype);
 
+/* a chunk's cost in the in-order and packed walks: must match
+ * KVA_SPLIT_OVERHEAD in src/core/split_schedule.c */
+#define TU_SPLIT_OVERHEAD 2
 /* Checks a split schedule (src/core/split_schedule.c) of n requests with
  * kv[] keys, block-key blocks and nw workers, whose workers walk the
  * requests in order[] (NULL: batch order), a chunk costing ovh blocks
@@ -64,9 +67,6 @@ kva_pool *tu_pool(kva_context *ctx, kva_layout layout, int num_layers, int num_p
  * nonempty request covered exactly once, on block boundaries, one chunk per
  * (worker, request), split counts. CHECKs each; returns 0 if consistent.
  * tests/split_check.c. */
-/* a chunk's cost in the in-order and packed walks: must match
- * KVA_SPLIT_OVERHEAD in src/core/split_schedule.c */
-#define TU_SPLIT_OVERHEAD 2
 int tu_check_schedule(int n, const int32_t *kv, int block, int nw, int slack,
                       const kva_split_work *work, const int32_t *indptr, int total,
                       const int32_t *order, int ovh, const char *what);

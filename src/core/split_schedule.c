@@ -474,12 +474,10 @@ int kva_split_schedule_costed(int num_requests, const int32_t *kv_len, int block
   if (block < 1) block = 1;
   if (num_requests < 0) num_requests = 0;
   const int n = num_requests;
+  /* no prices, or arguments the packed walk handles (and reports) itself */
   if (!costs || costs->chunk < 0 || costs->partial < 0 || costs->merge < 0 ||
-      costs->merge_many < 0 || costs->margin < 0 || costs->min_head < 0)
-    return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
-                                     order, keys, nxt);
-  if (num_workers < 1 || !work || !split_indptr || !order || !keys || !nxt ||
-      (n > 0 && !kv_len))
+      costs->merge_many < 0 || costs->margin < 0 || costs->min_head < 0 || num_workers < 1 ||
+      !work || !split_indptr || !order || !keys || !nxt || (n > 0 && !kv_len))
     return kva_split_schedule_packed(n, kv_len, block, num_workers, 0, 0, work, split_indptr,
                                      order, keys, nxt);
   int64_t total;

@@ -187,7 +187,8 @@ int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
 int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
 /* Blocks a chunk of an MLA request costs beyond its keys (split_overhead). */
 int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block);
-/* What an MLA chunk's end costs the costed walk (split_costs); returns 1. */
+/* What an MLA chunk's end costs the costed walk (split_costs); returns 1,
+ * or 0 for batches that keep the packed walk (two or more row tiles). */
 int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block, kva_split_costs *out);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);
