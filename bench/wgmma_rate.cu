@@ -1,0 +1,117 @@
+/* Probe: how fast an S = Q K^T of MLA's shape runs on the tensor cores when
+ * both operands come from smem (ss wgmma, 128-byte swizzle, as MLA v5's S),
+ * for key blocks of N = 32, 64 and 128 rows. Each warpgroup issues the
+ * 36 k-steps of one 64 x N x 576 S per commit group, two groups in flight;
+ * one or two warpgroups per CTA, one CTA per SM. Prints flop/cycle per SM
+ * (dense bf16 peak: 4096) and TFLOP/s by events. The data are arbitrary
+ * bf16 (speed only; nothing is checked). Design question it answers: does
+ * a ring of 32-key stages lose the tensor rate to A's smem reads?
+ *   (built with the CUDA configuration: build-cuda/wgmma_rate; or by hand:
+ *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/wgmma_rate.cu) */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cuda/mla_kernel.cuh"
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      exit(1);                                                                           \
+    }                                                                                    \
+  } while (0)
+
+template <int N>
+static __device__ __forceinline__ void s_kstep(float *d, uint64_t da, uint64_t db, int acc) {
+  if (N == 32) kva_wgmma_m64n32k16_ss_bf16(d, da, db, acc);
+  if (N == 64) kva_wgmma_m64n64k16_ss_bf16(d, da, db, acc);
+  if (N == 128) kva_wgmma_m64n128k16_ss_bf16(d, da, db, acc);
+}
+
+template <int N>
+__global__ void __launch_bounds__(256, 1) s_rate(int iters, int wgs, unsigned long long *cycles,
+                                                 float *sink) {
+  constexpr int QBLK = 64 * 128, KBLK = N * 128;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_a = (s_raw + 1023u) & ~1023u, s_b = s_a + 9 * QBLK;
+  unsigned char *p = smem + (s_a - s_raw);
+  for (int i = threadIdx.x; i < 9 * (QBLK + KBLK) / 4; i += blockDim.x)
+    ((uint32_t *)p)[i] = 0x3c003c00u ^ ((uint32_t)i * 2654435761u & 0x00ff00ffu); /* bf16 ~1 */
+  __syncthreads();
+  kva_fence_proxy_async_smem();
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+  if (wg >= wgs) return;
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
+  const uint64_t da = mla_desc(s_a, 16, 1024), db = mla_desc(s_b, 16, 1024);
+  const unsigned long long t0 = clock64();
+  for (int it = 0; it < iters; it++) {
+    kva_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 9; k++)
+#pragma unroll
+      for (int t = 0; t < 4; t++)
+        s_kstep<N>(d, da + ((k * QBLK + t * 32) >> 4), db + ((k * KBLK + t * 32) >> 4), 1);
+    kva_wgmma_commit();
+    kva_wgmma_wait<1>();
+  }
+  kva_wgmma_wait<0>();
+  const unsigned long long t1 = clock64();
+  float s = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) s += d[i];
+  if ((threadIdx.x & 127) == 0) cycles[blockIdx.x * 2 + wg] = t1 - t0;
+  if (s == 12345.0f) sink[threadIdx.x] = s; /* keeps d live */
+}
+
+template <int N>
+static void run(int sms, int wgs) {
+  const int iters = 2000;
+  const size_t smem = 1024 + 9 * (64 + N) * 128;
+  unsigned long long *dc;
+  float *sink;
+  CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * 2 * sms));
+  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
+  CHECK(cudaFuncSetAttribute(s_rate<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  s_rate<N><<<sms, 256, smem>>>(iters / 10, wgs, dc, sink); /* warm-up */
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(e0));
+  s_rate<N><<<sms, 256, smem>>>(iters, wgs, dc, sink);
+  CHECK(cudaGetLastError());
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
+  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
+  double maxc = 0;
+  for (int i = 0; i < sms; i++)
+    for (int w = 0; w < wgs; w++) maxc = hc[2 * i + w] > maxc ? (double)hc[2 * i + w] : maxc;
+  const double flop_sm = 2.0 * 64 * N * 576 * iters * wgs; /* per SM */
+  printf("S 64 x %3d x 576, %d warpgroup(s): %6.0f flop/cycle/SM (%.0f%% of 4096), %6.1f TFLOP/s, "
+         "%.0f cycles per S per warpgroup\n",
+         N, wgs, flop_sm / maxc, 100.0 * flop_sm / maxc / 4096, flop_sm * sms / (ms * 1e-3) / 1e12,
+         maxc / iters);
+  free(hc);
+  CHECK(cudaFree(dc));
+  CHECK(cudaFree(sink));
+}
+
+int main(void) {
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  for (int wgs = 1; wgs <= 2; wgs++) {
+    run<32>(sms, wgs);
+    run<64>(sms, wgs);
+    run<128>(sms, wgs);
+  }
+  return 0;
+}
