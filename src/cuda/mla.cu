@@ -155,6 +155,18 @@ static int mla_l2_hints(void) {
   return mla_env_int(&sw, "KVA_MLA_L2", 7) & 7;
 }
 
+/* kva_mla_args.prefetch_keys (v2): 128 keys at up to 32 query rows, else
+ * none; KVA_MLA_PREFETCH=N keys overrides (A/B). H100, 2026-11-26 (the
+ * twentieth session): h16 s_q1 varlen -1.6% time at sk 4096, -0.8% at
+ * 8192, in two calls; at 64 rows level or slower, where v2's per-block
+ * chain, not the first blocks' bytes, sets a CTA's pace. */
+static int mla_prefetch_keys(int64_t rows) {
+  static mla_env_switch sw;
+  const int forced = mla_env_int(&sw, "KVA_MLA_PREFETCH", -1);
+  if (forced >= 0) return forced;
+  return rows <= 32 ? 128 : 0;
+}
+
 /* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
 extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
   const int max_q = max_q_tokens < KVA_MAX_DECODE_Q ? max_q_tokens : KVA_MAX_DECODE_Q;
@@ -280,6 +292,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * early (kva_cuda_mla_split_costs: fewer than two row tiles); elsewhere a
    * rest may end after its head, which would then wait for nothing */
   a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM ? mla_merge_wait_ns() : 0u;
+  a.prefetch_keys = mla_prefetch_keys(mla_sched_rows(hq, max_q));
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();

@@ -87,6 +87,9 @@ typedef struct kva_mla_args {
    * other chunk to count before it writes its own partial rows (ns; 0: no
    * wait) */
   unsigned merge_wait_ns;
+  /* v2: latents of the worker's first chunk that row tile 0 prefetches into
+   * L2 before waiting for the kernel before it (PDL); 0: none */
+  int prefetch_keys;
   CUtensorMap kv_map;
 } kva_mla_args;
 

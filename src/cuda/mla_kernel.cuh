@@ -379,6 +379,37 @@ static __device__ __forceinline__ void mla_softmax_pv(float s[16], float o[2][64
 
 }
 
+/* While the kernel before this one (PDL) finishes, before
+ * griddepcontrol.wait: the first `keys` latents of the worker's first
+ * decode chunk into L2, one bulk prefetch per page run (thread 0 of row
+ * tile 0). It reads plan metadata only, copied before the kernels before
+ * (as the schedule is); those kernels may still write the new tokens'
+ * latents, but they write them into L2, so a prefetched line stays
+ * current. */
+template <int KV8>
+static __device__ __forceinline__ void mla_prefetch_first(const kva_mla_args &a,
+                                                          const kva_split_work &wk, int keys) {
+  constexpr int ROW = KV8 ? KVA_MLA_D : 2 * KVA_MLA_D; /* bytes per token */
+  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+    const int r = a.sched_order[wi];
+    if (a.split_indptr[r + 1] == a.split_indptr[r]) continue; /* not a decode request */
+    const int k1 = wi == wk.end_req ? wk.end_pos : a.cache_seqlens[r];
+    int key = wi == wk.begin_req ? wk.begin_pos : 0;
+    const int kend = k1 < key + keys ? k1 : key + keys;
+    const int32_t *const pt = a.page_table + (size_t)r * a.hdr->page_table_stride;
+    while (key < kend) {
+      const int page = pt[key / a.page_size], off = key % a.page_size;
+      const int n = a.page_size - off < kend - key ? a.page_size - off : kend - key;
+      if (page >= 0)
+        kva_bulk_prefetch_l2(
+            (const unsigned char *)a.kv + ((int64_t)page * a.page_size + off) * ROW,
+            (unsigned)(n * ROW));
+      key += n;
+    }
+    return;
+  }
+}
+
 /* v2. Per request chunk and key tile it, both warpgroups (in this order):
  * wait for tile it+1 and one CTA barrier; issue tile it+NS-1's loads (its
  * page-table entries were fetched one tile earlier); issue the half S of
@@ -432,6 +463,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     return;
   }
   const kva_split_work wk = a.sched[blockIdx.x];
+  if (a.prefetch_keys > 0 && blockIdx.y == 0 && tid == 0)
+    mla_prefetch_first<KV8>(a, wk, a.prefetch_keys);
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   const uint64_t kv_pol = (a.l2_hints & 2) ? kva_l2_evict_first() : kva_l2_evict_normal();
 

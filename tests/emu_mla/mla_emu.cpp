@@ -8,6 +8,16 @@
 #include <vector>
 
 static kva_mla_args g_args;
+/* v2's L2 prefetch before the PDL wait: every range inside the latent pool,
+ * 16-byte aligned and sized; counted per case */
+static const unsigned char *g_kv_lo, *g_kv_hi;
+static long g_prefetch_bytes, g_prefetch_bad;
+void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
+  const unsigned char *c = (const unsigned char *)p;
+  if (((uintptr_t)c & 15u) || (bytes & 15u) || bytes == 0 || c < g_kv_lo || c + bytes > g_kv_hi)
+    g_prefetch_bad++;
+  g_prefetch_bytes += bytes;
+}
 static unsigned g_y;
 /* EMU_MLA_KERNEL=v2|v5: the kernel (default v2); v5
  * runs 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
@@ -59,6 +69,12 @@ static int run_case(const Case &c, int idx) {
   a.l2_hints = (int)(rnd() % 8); /* policies are no-ops here; the code paths run; bit 2's
                                     discard writes NaN over merged partial rows */
   g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
+  /* the prefetch (mla.cu sets 128 keys at <= 32 rows): none, short, long */
+  static const int pre_keys[4] = {0, 16, 128, 5000};
+  a.prefetch_keys = pre_keys[rnd() % 4];
+  g_kv_lo = (const unsigned char *)e.k;
+  g_kv_hi = g_kv_lo + (size_t)l.num_pages * c.ps * D * (c.kv8 ? 1 : 2);
+  g_prefetch_bytes = g_prefetch_bad = 0;
   /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on */
   a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
   if (a.kv_tma) {
@@ -94,6 +110,11 @@ static int run_case(const Case &c, int idx) {
   }
   emu_no_known_last = 0;
   emu_smem_limit = 0;
+  if (g_prefetch_bad || (a.prefetch_keys > 0 && g_run_ver == 2 && g_prefetch_bytes == 0)) {
+    printf("case %d: %ld prefetches outside the pool or misaligned, %ld bytes prefetched\n", idx,
+           g_prefetch_bad, g_prefetch_bytes);
+    return 1;
+  }
   if (memcmp(o1.data(), e.o, o1.size() * 2) != 0 ||
       memcmp(lse1.data(), e.lse.data(), lse1.size() * 4) != 0) {
     printf("case %d: O or LSE differ between the merge before the write and the merge from "

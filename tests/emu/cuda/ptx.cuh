@@ -59,6 +59,9 @@ void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint
 static inline void kva_tma_prefetch_map(const void *) {}
 static inline void kva_tma_prefetch_l2_3d(const void *, int, int, int) {}
 static inline void kva_prefetch_l2(const void *) {}
+/* checked by the emulator that uses it (the MLA one): the range must lie
+ * in the latent pool, 16-byte aligned */
+void kva_bulk_prefetch_l2(const void *p, unsigned bytes);
 void kva_bar_sync(int id, int count);
 void kva_bar_arrive(int id, int count);
 template <int N> static inline void kva_setmaxnreg_inc(void) {
