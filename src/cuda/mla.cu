@@ -156,10 +156,10 @@ static int mla_l2_hints(void) {
 }
 
 /* kva_mla_args.prefetch_keys (v2): 128 keys at up to 32 query rows, else
- * none; KVA_MLA_PREFETCH=N keys overrides (A/B). H100, 2026-11-26 (the
- * twentieth session): h16 s_q1 varlen -1.6% time at sk 4096, -0.8% at
- * 8192, in two calls; at 64 rows level or slower, where v2's per-block
- * chain, not the first blocks' bytes, sets a CTA's pace. */
+ * none; KVA_MLA_PREFETCH=N keys overrides (A/B). H100, 2026-11-26
+ * (docs/performance.md, "Twentieth session"): -0.1 to -1.4% time on all
+ * twelve rows of FlashMLA's table with 16 or 32 rows; at 64 rows level or
+ * slower (256 keys slower still). */
 static int mla_prefetch_keys(int64_t rows) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_PREFETCH", -1);

@@ -468,11 +468,11 @@ static __device__ __forceinline__ void kva_tma_prefetch_l2_3d(const void *map, i
                "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
-/* The 128-byte line at p into L2. */
 /* Bulk prefetch of [p, p + bytes) into L2 (16-byte aligned, bytes % 16 == 0). */
 static __device__ __forceinline__ void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"(bytes) : "memory");
 }
+/* The 128-byte line at p into L2. */
 static __device__ __forceinline__ void kva_prefetch_l2(const void *p) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
