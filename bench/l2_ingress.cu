@@ -7,19 +7,9 @@
  * cycle per SM and TB/s over all SMs. Design question it answers: is v5's
  * refill wait the transfer from L2 into the SM?
  *   (built with the CUDA configuration: build-cuda/l2_ingress) */
-#include <stdio.h>
-#include <stdlib.h>
-
 #include "cuda/ptx.cuh"
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "probe.cuh"
 
 #define BLOCK_BYTES 73728 /* 64 keys x 576 x 2 */
 #define STAGES 3
@@ -85,6 +75,8 @@ static void run(const unsigned char *buf, long nblocks, int sms, int depth, int 
   CHECK(cudaEventSynchronize(e1));
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
   unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * sms);
   CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * sms, cudaMemcpyDeviceToHost));
   double maxc = 0, sumc = 0;

@@ -8,19 +8,9 @@
  * a ring of 32-key stages lose the tensor rate to A's smem reads?
  *   (built with the CUDA configuration: build-cuda/wgmma_rate; or by hand:
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/wgmma_rate.cu) */
-#include <stdio.h>
-#include <stdlib.h>
-
 #include "cuda/mla_kernel.cuh"
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      exit(1);                                                                           \
-    }                                                                                    \
-  } while (0)
+#include "probe.cuh"
 
 template <int N>
 static __device__ __forceinline__ void s_kstep(float *d, uint64_t da, uint64_t db, int acc) {
@@ -89,6 +79,8 @@ static void run(int sms, int wgs) {
   CHECK(cudaEventSynchronize(e1));
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
   unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
   CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
   double maxc = 0;

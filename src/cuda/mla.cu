@@ -163,7 +163,7 @@ static int mla_l2_hints(void) {
 static int mla_prefetch_keys(int64_t rows) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_PREFETCH", -1);
-  if (forced >= 0) return forced;
+  if (forced >= 0) return forced < (1 << 24) ? forced : (1 << 24); /* key + keys fits int */
   return rows <= 32 ? 128 : 0;
 }
 
