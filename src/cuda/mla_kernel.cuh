@@ -32,6 +32,7 @@
 #include "cuda/ptx.cuh"
 #include "cuda/mla_chunk_end.cuh"
 #include "cuda/split_merge.cuh"
+#include "cuda/split_work.cuh"
 
 #define KVA_MLA_QBLK (KVA_MLA_BM * 128) /* bytes of one 64-column block of the Q tile */
 #define KVA_MLA_KBLK (KVA_MLA_BN * 128) /* ... of a K/V tile */
@@ -393,6 +394,7 @@ static __device__ __forceinline__ void mla_prefetch_first(const kva_mla_args &a,
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
     const int r = a.sched_order[wi];
     if (a.split_indptr[r + 1] == a.split_indptr[r]) continue; /* not a decode request */
+    /* kva_split_chunk_at's bounds, with cache_seqlens read only when needed */
     const int k1 = wi == wk.end_req ? wk.end_pos : a.cache_seqlens[r];
     int key = wi == wk.begin_req ? wk.begin_pos : 0;
     const int kend = k1 < key + keys ? k1 : key + keys;
@@ -475,9 +477,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     const int nt = a.num_new[r], rows = nt * a.hq;
     if (row0 >= rows) continue; /* no rows of this row tile */
     const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const int split = wi == wk.begin_req ? wk.begin_split : 0;
-    const int k1 = wi == wk.end_req ? wk.end_pos : kv_len;
-    const int k0 = wi == wk.begin_req ? wk.begin_pos : 0;
+    const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
+    const int split = ch.split, k0 = ch.k0, k1 = ch.k1;
     const int ntiles = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
     const int tok0 = a.cu_q[r];
     const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;

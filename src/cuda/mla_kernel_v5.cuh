@@ -343,9 +343,8 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     const int nt = a.num_new[r], rows = nt * a.hq;
     if (row0 >= rows) continue;
     const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const int split = wi == wk.begin_req ? wk.begin_split : 0;
-    const int k1 = wi == wk.end_req ? wk.end_pos : kv_len;
-    const int k0 = wi == wk.begin_req ? wk.begin_pos : 0;
+    const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
+    const int split = ch.split, k0 = ch.k0, k1 = ch.k1;
     const int nblk = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
     const int npairs = (nblk + 1) >> 1;
     const int tok0 = a.cu_q[r];
