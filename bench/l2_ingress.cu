@@ -5,9 +5,17 @@
  * CTA of one thread-issuing warp per SM. Also: pairs of CTAs reading the
  * same block at once (v5's two row tiles of a request). Prints bytes per
  * cycle per SM and TB/s over all SMs. Design question it answers: is v5's
- * refill wait the transfer from L2 into the SM?
+ * refill wait the transfer from L2 into the SM? Each block comes either as
+ * one 1-D bulk copy (the block is contiguous), as v5 loads it (nine
+ * tensor-map boxes of 64 columns x 64 rows, 128-byte swizzle), as one box
+ * of 64 x 64 x 9 (the column blocks as a third dimension), or by CTA pairs
+ * as clusters, each issuing half the boxes multicast to both; from all SMs
+ * at once, or from one SM (one pair) alone.
  *   (built with the CUDA configuration: build-cuda/l2_ingress) */
+#include <cuda.h>
+
 #include "cuda/ptx.cuh"
+#include "cuda/tma.h"
 
 #include "probe.cuh"
 
@@ -25,8 +33,28 @@ static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, 
 
 /* Each CTA streams `iters` blocks from buf (blocks of its own, or shared by
  * CTA pairs when `pair`), `depth` of them in flight. */
+/* a 64 x 64 box of map to the same smem offset in both CTAs of a cluster
+ * pair, completing on each CTA's barrier at bar */
+static __device__ __forceinline__ void tma_load_3d_mc2(uint32_t dst, const void *map, int c0, int c1,
+                                                       int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"((unsigned short)3)
+      : "memory");
+}
+static __device__ __forceinline__ void cluster_sync(void) {
+  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+/* boxes: 0 one 1-D bulk copy per block; 1 nine 64 x 64 boxes (v5); 2 one
+ * 64 x 64 x 9 box (map9: the column blocks as a third dimension); 3 CTA
+ * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both */
 __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long nblocks, int iters,
-                                                 int depth, int pair, unsigned long long *cycles) {
+                                                 int depth, int pair, int boxes,
+                                                 const __grid_constant__ CUtensorMap map,
+                                                 const __grid_constant__ CUtensorMap map9,
+                                                 unsigned long long *cycles) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s0 = (kva_smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t bars = s0 + STAGES * BLOCK_BYTES;
@@ -37,18 +65,32 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
   __syncwarp();
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncwarp();
+  if (boxes == 3) cluster_sync(); /* both CTAs' barriers are set up */
+  const int rank = blockIdx.x & 1;
   /* block j of this stream: (stream * 977 + j * 131) % nblocks, spread over buf */
   const unsigned long long t0 = clock64();
   for (int j = 0; j < iters + depth; j++) {
     if (j >= depth) { /* block j - depth landed: its stage is free */
       const int s = (j - depth) % depth;
       kva_mbar_wait(bars + 8 * s, (uint32_t)(((j - depth) / depth) & 1));
+      if (boxes == 3) cluster_sync(); /* ... in both CTAs, before either refills it */
     }
     if (j < iters && lane == 0) {
       const int s = j % depth;
       const long b = (stream * 977 + (long)j * 131) % nblocks;
       kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
-      bulk_load(s0 + s * BLOCK_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
+      if (boxes == 1) /* v5's nine 64 x 64 boxes, rows b*64.. of the [rows][576] view */
+        for (int k = 0; k < 9; k++)
+          kva_tma_load_3d(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0, (int)(b * 64),
+                          bars + 8 * s);
+      else if (boxes == 2)
+        kva_tma_load_3d(s0 + s * BLOCK_BYTES, &map9, 0, (int)(b * 64), 0, bars + 8 * s);
+      else if (boxes == 3)
+        for (int k = rank; k < 9; k += 2)
+          tma_load_3d_mc2(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0, (int)(b * 64),
+                          bars + 8 * s);
+      else
+        bulk_load(s0 + s * BLOCK_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
     }
     __syncwarp();
   }
@@ -56,21 +98,40 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
   if (lane == 0) cycles[blockIdx.x] = t1 - t0;
 }
 
-static void run(const unsigned char *buf, long nblocks, int sms, int depth, int pair,
-                const char *what) {
+static void launch(const unsigned char *buf, long nblocks, int sms, int iters, int depth, int pair,
+                   int boxes, const CUtensorMap *map, const CUtensorMap *map9, size_t smem,
+                   unsigned long long *dc) {
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  cfg.gridDim = dim3((unsigned)sms);
+  cfg.blockDim = dim3(32);
+  cfg.dynamicSmemBytes = smem;
+  if (boxes == 3) {
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 2;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+  }
+  CHECK(cudaLaunchKernelEx(&cfg, ingress, buf, nblocks, iters, depth, pair, boxes, *map, *map9,
+                           dc));
+  CHECK(cudaGetLastError());
+}
+
+static void run(const unsigned char *buf, long nblocks, int sms, int depth, int pair, int boxes,
+                const CUtensorMap *map, const CUtensorMap *map9, const char *what) {
   const int iters = 400;
   unsigned long long *dc;
   CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * sms));
   const size_t smem = 1024 + STAGES * BLOCK_BYTES + 64;
   CHECK(cudaFuncSetAttribute(ingress, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  ingress<<<sms, 32, smem>>>(buf, nblocks, iters / 4, depth, pair, dc); /* warm-up (L2) */
-  CHECK(cudaGetLastError());
+  launch(buf, nblocks, sms, iters / 4, depth, pair, boxes, map, map9, smem, dc); /* warm-up (L2) */
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   CHECK(cudaEventRecord(e0));
-  ingress<<<sms, 32, smem>>>(buf, nblocks, iters, depth, pair, dc);
-  CHECK(cudaGetLastError());
+  launch(buf, nblocks, sms, iters, depth, pair, boxes, map, map9, smem, dc);
   CHECK(cudaEventRecord(e1));
   CHECK(cudaEventSynchronize(e1));
   float ms = 0;
@@ -85,7 +146,7 @@ static void run(const unsigned char *buf, long nblocks, int sms, int depth, int 
     sumc += (double)hc[i];
   }
   const double bytes_sm = (double)iters * BLOCK_BYTES;
-  printf("%-34s depth %d: %5.1f B/cycle/SM (mean CTA), %5.1f (slowest), %5.2f TB/s into smem, "
+  printf("%-44s depth %d: %5.1f B/cycle/SM (mean CTA), %5.1f (slowest), %5.2f TB/s into smem, "
          "%5.0f cycles per 72 KB block\n",
          what, depth, bytes_sm / (sumc / sms), bytes_sm / maxc, bytes_sm * sms / (ms * 1e-3) / 1e12,
          (sumc / sms) / iters);
@@ -102,11 +163,44 @@ int main(void) {
   unsigned char *buf;
   CHECK(cudaMalloc(&buf, (size_t)big * BLOCK_BYTES));
   CHECK(cudaMemset(buf, 1, (size_t)big * BLOCK_BYTES));
-  for (int depth = 2; depth <= STAGES; depth++) {
-    run(buf, small, sms, depth, 0, "L2 (16 MB), own blocks");
-    run(buf, small, sms, depth, 1, "L2 (16 MB), CTA pairs share");
-    run(buf, big, sms, depth, 0, "DRAM (2 GB), own blocks");
-    run(buf, big, sms, depth, 1, "DRAM (2 GB), CTA pairs share");
+  CUtensorMap map, map9;
+  const uint64_t dims[3] = {576, 1, (uint64_t)big * 64}, strides[2] = {1152, 1152};
+  const uint32_t box[3] = {64, 1, 64};
+  /* the same rows with the nine column blocks as the third dimension
+   * (stride 128 bytes): one box lands as [9][64 rows][128 B], v5's stage */
+  const uint64_t dims9[3] = {64, (uint64_t)big * 64, 9}, strides9[2] = {1152, 128};
+  const uint32_t box9[3] = {64, 64, 9};
+  if (kva_tma_encode_16bit_3d(&map, buf, dims, strides, box) != KVA_OK) {
+    fprintf(stderr, "tensor map encode failed\n");
+    return 1;
+  }
+  const int have9 = kva_tma_encode_16bit_3d(&map9, buf, dims9, strides9, box9) == KVA_OK;
+  if (!have9) printf("the 64 x 64 x 9 box map did not encode: mode 2 skipped\n");
+  static const char *how[4] = {"1 bulk", "9 boxes", "1 box of 9", "pairs multicast"};
+  char what[96];
+  for (int boxes = 0; boxes <= 3; boxes++) {
+    if (boxes == 2 && !have9) continue;
+    const int pairs_only = boxes == 3;
+    for (int depth = 2; depth <= STAGES; depth++) {
+      if (!pairs_only) {
+        snprintf(what, sizeof what, "L2 (16 MB), own blocks, %s", how[boxes]);
+        run(buf, small, sms, depth, 0, boxes, &map, &map9, what);
+      }
+      snprintf(what, sizeof what, "L2 (16 MB), CTA pairs share, %s", how[boxes]);
+      run(buf, small, sms, depth, 1, boxes, &map, &map9, what);
+      if (!pairs_only) {
+        snprintf(what, sizeof what, "DRAM (2 GB), own blocks, %s", how[boxes]);
+        run(buf, big, sms, depth, 0, boxes, &map, &map9, what);
+      }
+      snprintf(what, sizeof what, "DRAM (2 GB), CTA pairs share, %s", how[boxes]);
+      run(buf, big, sms, depth, 1, boxes, &map, &map9, what);
+    }
+    snprintf(what, sizeof what, "L2 (16 MB), %s alone, %s", pairs_only ? "one pair" : "one SM",
+             how[boxes]);
+    run(buf, small, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, &map, &map9, what);
+    snprintf(what, sizeof what, "DRAM (2 GB), %s alone, %s", pairs_only ? "one pair" : "one SM",
+             how[boxes]);
+    run(buf, big, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, &map, &map9, what);
   }
   CHECK(cudaFree(buf));
   return 0;
