@@ -59,7 +59,7 @@ template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
                              cudaStream_t s) {
   /* per kernel */
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v5[2][KVA_CUDA_OPTIN_DEVICES];
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v5[3][KVA_CUDA_OPTIN_DEVICES];
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
@@ -67,16 +67,18 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
     smem = KVA_MLA5_SMEM;
-    fn = a->kv_tma ? kva_mla_kernel_v5<QT, 1> : kva_mla_kernel_v5<QT, 0>;
-    optin = optin_v5[a->kv_tma != 0];
+    fn = a->kv_tma == 4 ? kva_mla_kernel_v5<QT, 4>
+         : a->kv_tma    ? kva_mla_kernel_v5<QT, 1>
+                        : kva_mla_kernel_v5<QT, 0>;
+    optin = optin_v5[a->kv_tma == 4 ? 2 : a->kv_tma != 0];
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
    * previous layer) */
   if (ver != 5 || KV8) coloc = 1;
   if (coloc == 2) {
-    static int fits[2][KVA_CUDA_OPTIN_DEVICES];
-    coloc = mla_pairs_fit(fn, smem, s, fits[a->kv_tma != 0]) ? 2 : 1;
+    static int fits[3][KVA_CUDA_OPTIN_DEVICES];
+    coloc = mla_pairs_fit(fn, smem, s, fits[a->kv_tma == 4 ? 2 : a->kv_tma != 0]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
                                       *a, (unsigned)coloc));
@@ -308,6 +310,25 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
     const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
     a.kv_tma = kva_tma_encode_16bit_3d(&a.kv_map, pool->k[layer], dims, strides, box) == KVA_OK;
+    /* Four V column blocks per box (kv_tma 4): one SM alone takes a 72 KB
+     * block as one box of its nine column blocks at ~93 bytes/cycle on the
+     * H100, as nine 64 x 64 boxes at ~60 (bench/l2_ingress.cu). Measured
+     * (2026-11-26, 6 samples): +0.2 to +5% on FlashMLA's 256-row rows, -2.5
+     * to -6% at 128 rows, whose pairs take their refills from DRAM and
+     * start S sooner with a barrier per column block. KVA_MLA5_BOX: 1 nine
+     * boxes (the default until the batch-dependent choice has run on the
+     * device: its kernel has, its dispatch here not yet), 4 always four
+     * V column blocks a box, 0 four from 4 row tiles (256 query rows) up. */
+    static mla_env_switch box_sw;
+    int nbox = mla_env_int(&box_sw, "KVA_MLA5_BOX", 1);
+    if (nbox == 0) nbox = hq * max_q >= 4 * KVA_MLA_BM ? 4 : 1;
+    if (a.kv_tma && nbox == 4) {
+      const uint64_t dims4[3] = {64, dims[2], KVA_MLA_D / 64};
+      const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
+      const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
+      if (kva_tma_encode_16bit_3d(&a.kv_map4, pool->k[layer], dims4, strides4, box4) == KVA_OK)
+        a.kv_tma = 4;
+    }
   }
 #ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
   a.trace = kva_trace_next(2LL * plan->cfg.num_workers * tiles);

@@ -80,8 +80,11 @@ typedef struct kva_mla_args {
    * rows dropped from L2 (discard) once merged, never written back */
   int l2_hints;
   /* v5: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
-   * page and ends at or before the chunk's end as TMA boxes of kv_map
-   * ([slots][576], 64 columns x 64 keys a box), not the threads' cp.async */
+   * page and ends at or before the chunk's end by TMA, not the threads'
+   * cp.async: 1 as nine boxes of kv_map ([slots][576], 64 columns x 64
+   * keys a box), 4 as two boxes of kv_map4 (four V column blocks each) and
+   * one of kv_map (the rope columns). mla.cu picks 4 for batches of at
+   * least 4 row tiles (see kva_mla_kernel_v5) */
   int kv_tma;
   /* v2: how long the head (split 0) of a two-chunk request waits for the
    * other chunk to count before it writes its own partial rows (ns; 0: no
@@ -91,6 +94,9 @@ typedef struct kva_mla_args {
    * L2 before waiting for the kernel before it (PDL); 0: none */
   int prefetch_keys;
   CUtensorMap kv_map;
+  /* v5 with kv_tma 4: the same latents with their nine 64-column blocks as
+   * a third dimension, boxes of 64 columns x 64 keys x 4 column blocks */
+  CUtensorMap kv_map4;
 } kva_mla_args;
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:

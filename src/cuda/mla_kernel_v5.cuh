@@ -124,17 +124,37 @@ static __device__ __forceinline__ void mla5_copy(uint32_t dst, uint32_t bar0,
                                                  int tw, int kt, int k1, const kva_mla_args &a) {
   static_assert(KVA_MLA5_BN == 64, "4 rows per thread");
   /* TMA: 64 keys of one page, all before the chunk's end (thread 0's
-   * slot[0] is the block's first row); one box per column block and the
-   * barrier's 128 arrivals from thread 0 */
+   * slot[0] is the block's first row); TMA 1: one box per column block,
+   * TMA 4: one per four V column blocks and one for the rope columns; the
+   * barriers' 128 arrivals from thread 0 (127 threads arriving on one word
+   * serialize) */
   if (mla5_tma_block<TMA>(a, kt, k1)) {
+    if (TMA != 4) {
 #pragma unroll
-    for (int i = 0; i < 5; i++) {
-      if (wg && i == 4) break;
-      const int k = wg ? 4 + i : (i < 4 ? i : 8);
-      if (tw == 0) { /* all 128 arrivals: 127 threads arriving on one word serialize */
-        kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
-        kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
-        kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot[0], bar0 + 8 * k);
+      for (int i = 0; i < 5; i++) {
+        if (wg && i == 4) break;
+        const int k = wg ? 4 + i : (i < 4 ? i : 8);
+        if (tw == 0) {
+          kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
+          kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
+          kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot[0], bar0 + 8 * k);
+        }
+      }
+    } else if (tw == 0) {
+      /* V column blocks k4 .. k4 + 3 in one box of kv_map4, on k4's
+       * barrier; the other three barriers complete at once, which is safe
+       * because every S waits for column block k4 before it reads k4 + 1 ..
+       * k4 + 3 */
+      const int k4 = wg ? 4 : 0;
+      kva_mbar_arrive_expect_tx(bar0 + 8 * k4, (uint32_t)(4 * KVA_MLA5_KBLK));
+      kva_mbar_arrive_cnt(bar0 + 8 * k4, KVA_MLA_THREADS / 2 - 1);
+      kva_tma_load_3d(dst + k4 * KVA_MLA5_KBLK, &a.kv_map4, 0, slot[0], k4, bar0 + 8 * k4);
+#pragma unroll
+      for (int k = k4 + 1; k < k4 + 4; k++) kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2);
+      if (!wg) { /* the rope columns */
+        kva_mbar_arrive_expect_tx(bar0 + 8 * 8, (uint32_t)KVA_MLA5_KBLK);
+        kva_mbar_arrive_cnt(bar0 + 8 * 8, KVA_MLA_THREADS / 2 - 1);
+        kva_tma_load_3d(dst + 8 * KVA_MLA5_KBLK, &a.kv_map, 64 * 8, 0, slot[0], bar0 + 8 * 8);
       }
     }
     return;
@@ -329,7 +349,10 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mbar_init(s_bar, KVA_MLA_THREADS);
 #pragma unroll
     for (int i = 1; i < 19; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
-    if (TMA && a.kv_tma) kva_tma_prefetch_map(&a.kv_map);
+    if (TMA && a.kv_tma) {
+      kva_tma_prefetch_map(&a.kv_map);
+      if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
+    }
   }
   __syncthreads(); /* the inits are seen by every thread */
 

@@ -26,7 +26,9 @@ template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
   if (g_run_ver == 5 && !KV8)
-    g_args.kv_tma ? kva_mla_kernel_v5<QT, 1>(g_args) : kva_mla_kernel_v5<QT, 0>(g_args);
+    g_args.kv_tma == 4 ? kva_mla_kernel_v5<QT, 4>(g_args)
+    : g_args.kv_tma    ? kva_mla_kernel_v5<QT, 1>(g_args)
+                       : kva_mla_kernel_v5<QT, 0>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -75,13 +77,19 @@ static int run_case(const Case &c, int idx) {
   g_kv_lo = (const unsigned char *)e.k;
   g_kv_hi = g_kv_lo + (size_t)l.num_pages * c.ps * D * (c.kv8 ? 1 : 2);
   g_prefetch_bytes = g_prefetch_bad = 0;
-  /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on */
+  /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on;
+   * nine boxes a block (kv_tma 1) or four V column blocks a box (4) */
   a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
+  if (a.kv_tma && rnd() % 2) a.kv_tma = 4;
   if (a.kv_tma) {
     const uint64_t dims[3] = {KVA_MLA_D, 1, (uint64_t)l.num_pages * c.ps};
     const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
     const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
     kva_tma_encode_16bit_3d(&a.kv_map, e.k, dims, strides, box);
+    const uint64_t dims4[3] = {64, dims[2], KVA_MLA_D / 64};
+    const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
+    const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
+    kva_tma_encode_16bit_3d(&a.kv_map4, e.k, dims4, strides4, box4);
   }
 
   void (*fn)(void) = NULL;
@@ -135,7 +143,7 @@ static int run_case(const Case &c, int idx) {
         emu_check_row(ck, r, t, h, e.o + row * DV, c.qt, ref.data(), DV, e.lse[row], ref_lse);
       }
   printf("case %3d v%d%s %s%s ps%-3d hq%-3d B%d maxk%-4d tiles%d causal%d W%-2d blk%-3d splits%-3d",
-         idx, g_run_ver, a.kv_tma ? "+tma" : "", c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, l.maxk, tiles,
+         idx, g_run_ver, a.kv_tma == 4 ? "+tma4" : a.kv_tma ? "+tma" : "", c.qt == KVA_BF16 ? "bf16" : "f16 ", c.kv8 ? "+fp8" : "    ", c.ps, c.hq, B, l.maxk, tiles,
          c.causal, c.workers, c.block, sp.nsplits);
   const int failed = emu_check_end(ck);
   fflush(stdout);
