@@ -22,31 +22,8 @@
 #define BLOCK_BYTES 73728 /* 64 keys x 576 x 2 */
 #define STAGES 3
 
-static __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, unsigned bytes,
-                                                 uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(bar)
-      : "memory");
-}
-
 /* Each CTA streams `iters` blocks from buf (blocks of its own, or shared by
  * CTA pairs when `pair`), `depth` of them in flight. */
-/* a 64 x 64 box of map to the same smem offset in both CTAs of a cluster
- * pair, completing on each CTA's barrier at bar */
-static __device__ __forceinline__ void tma_load_3d_mc2(uint32_t dst, const void *map, int c0, int c1,
-                                                       int c2, uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
-      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"((unsigned short)3)
-      : "memory");
-}
-static __device__ __forceinline__ void cluster_sync(void) {
-  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
-}
-
 /* boxes: 0 one 1-D bulk copy per block; 1 nine 64 x 64 boxes (v5); 2 one
  * 64 x 64 x 9 box (map9: the column blocks as a third dimension); 3 CTA
  * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both */
@@ -65,7 +42,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
   __syncwarp();
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   __syncwarp();
-  if (boxes == 3) cluster_sync(); /* both CTAs' barriers are set up */
+  if (boxes == 3) kva_cluster_sync(); /* both CTAs' barriers are set up */
   const int rank = blockIdx.x & 1;
   /* block j of this stream: (stream * 977 + j * 131) % nblocks, spread over buf */
   const unsigned long long t0 = clock64();
@@ -73,7 +50,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
     if (j >= depth) { /* block j - depth landed: its stage is free */
       const int s = (j - depth) % depth;
       kva_mbar_wait(bars + 8 * s, (uint32_t)(((j - depth) / depth) & 1));
-      if (boxes == 3) cluster_sync(); /* ... in both CTAs, before either refills it */
+      if (boxes == 3) kva_cluster_sync(); /* ... in both CTAs, before either refills it */
     }
     if (j < iters && lane == 0) {
       const int s = j % depth;
@@ -87,10 +64,10 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
         kva_tma_load_3d(s0 + s * BLOCK_BYTES, &map9, 0, (int)(b * 64), 0, bars + 8 * s);
       else if (boxes == 3)
         for (int k = rank; k < 9; k += 2)
-          tma_load_3d_mc2(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0, (int)(b * 64),
-                          bars + 8 * s);
+          kva_tma_load_3d_multicast(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0,
+                                    (int)(b * 64), bars + 8 * s, 3);
       else
-        bulk_load(s0 + s * BLOCK_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
+        kva_bulk_load(s0 + s * BLOCK_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
     }
     __syncwarp();
   }
@@ -127,17 +104,10 @@ static void run(const unsigned char *buf, long nblocks, int sms, int depth, int 
   const size_t smem = 1024 + STAGES * BLOCK_BYTES + 64;
   CHECK(cudaFuncSetAttribute(ingress, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   launch(buf, nblocks, sms, iters / 4, depth, pair, boxes, map, map9, smem, dc); /* warm-up (L2) */
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  CHECK(cudaEventRecord(e0));
+  probe_timer tm;
+  probe_timer_start(&tm);
   launch(buf, nblocks, sms, iters, depth, pair, boxes, map, map9, smem, dc);
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
+  const float ms = probe_timer_stop_ms(&tm);
   unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * sms);
   CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * sms, cudaMemcpyDeviceToHost));
   double maxc = 0, sumc = 0;

@@ -67,20 +67,13 @@ static void run(int sms, int wgs) {
   CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * 2 * sms));
   CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
   CHECK(cudaFuncSetAttribute(s_rate<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
   s_rate<N><<<sms, 256, smem>>>(iters / 10, wgs, dc, sink); /* warm-up */
   CHECK(cudaGetLastError());
-  CHECK(cudaEventRecord(e0));
+  probe_timer tm;
+  probe_timer_start(&tm);
   s_rate<N><<<sms, 256, smem>>>(iters, wgs, dc, sink);
   CHECK(cudaGetLastError());
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
+  const float ms = probe_timer_stop_ms(&tm);
   unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
   CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
   double maxc = 0;

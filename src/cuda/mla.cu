@@ -63,14 +63,17 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
   int smem = KVA_MLA_SMEM(KV8);
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
+  /* v5's instantiations: cp.async only, nine TMA boxes a block, four V
+   * column blocks a box (kv_tma 0, 1, 4) */
+  void (*const v5_fn[3])(kva_mla_args) = {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>,
+                                          kva_mla_kernel_v5<QT, 4>};
+  const int v5_var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
   if (ver == 5 && !KV8) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
     smem = KVA_MLA5_SMEM;
-    fn = a->kv_tma == 4 ? kva_mla_kernel_v5<QT, 4>
-         : a->kv_tma    ? kva_mla_kernel_v5<QT, 1>
-                        : kva_mla_kernel_v5<QT, 0>;
-    optin = optin_v5[a->kv_tma == 4 ? 2 : a->kv_tma != 0];
+    fn = v5_fn[v5_var];
+    optin = optin_v5[v5_var];
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
@@ -78,7 +81,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
   if (ver != 5 || KV8) coloc = 1;
   if (coloc == 2) {
     static int fits[3][KVA_CUDA_OPTIN_DEVICES];
-    coloc = mla_pairs_fit(fn, smem, s, fits[a->kv_tma == 4 ? 2 : a->kv_tma != 0]) ? 2 : 1;
+    coloc = mla_pairs_fit(fn, smem, s, fits[v5_var]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
                                       *a, (unsigned)coloc));
@@ -306,10 +309,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * without tensor-map encoding keeps cp.async */
   a.kv_tma = ver == 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
   if (a.kv_tma) {
-    const uint64_t dims[3] = {KVA_MLA_D, 1, (uint64_t)pc->num_pages * (uint64_t)pc->page_size};
-    const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
-    const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
-    a.kv_tma = kva_tma_encode_16bit_3d(&a.kv_map, pool->k[layer], dims, strides, box) == KVA_OK;
     /* Four V column blocks per box (kv_tma 4): one SM alone takes a 72 KB
      * block as one box of its nine column blocks at ~93 bytes/cycle on the
      * H100, as nine 64 x 64 boxes at ~60 (bench/l2_ingress.cu). Measured
@@ -322,13 +321,8 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     static mla_env_switch box_sw;
     int nbox = mla_env_int(&box_sw, "KVA_MLA5_BOX", 1);
     if (nbox == 0) nbox = hq * max_q >= 4 * KVA_MLA_BM ? 4 : 1;
-    if (a.kv_tma && nbox == 4) {
-      const uint64_t dims4[3] = {64, dims[2], KVA_MLA_D / 64};
-      const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
-      const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
-      if (kva_tma_encode_16bit_3d(&a.kv_map4, pool->k[layer], dims4, strides4, box4) == KVA_OK)
-        a.kv_tma = 4;
-    }
+    a.kv_tma = kva_mla5_kv_maps(&a, pool->k[layer],
+                                (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4);
   }
 #ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
   a.trace = kva_trace_next(2LL * plan->cfg.num_workers * tiles);

@@ -83,8 +83,8 @@ typedef struct kva_mla_args {
    * page and ends at or before the chunk's end by TMA, not the threads'
    * cp.async: 1 as nine boxes of kv_map ([slots][576], 64 columns x 64
    * keys a box), 4 as two boxes of kv_map4 (four V column blocks each) and
-   * one of kv_map (the rope columns). mla.cu picks 4 for batches of at
-   * least 4 row tiles (see kva_mla_kernel_v5) */
+   * one of kv_map (the rope columns); see kva_mla5_kv_maps. mla.cu picks 1
+   * unless KVA_MLA5_BOX says otherwise */
   int kv_tma;
   /* v2: how long the head (split 0) of a two-chunk request waits for the
    * other chunk to count before it writes its own partial rows (ns; 0: no
@@ -98,6 +98,25 @@ typedef struct kva_mla_args {
    * a third dimension, boxes of 64 columns x 64 keys x 4 column blocks */
   CUtensorMap kv_map4;
 } kva_mla_args;
+
+/* v5's tensor maps of the latents at kv ([slots][576] 16-bit): kv_map, and
+ * with four_a_box kv_map4, the nine 64-column blocks as a third dimension
+ * (byte strides 1152 and 128: a box lands as [4][64 keys][128 B], v5's
+ * stage layout). Returns the kv_tma to launch with: 0 when kv_map does not
+ * encode, 4 when kv_map4 does too, else 1. mla.cu and the MLA emulator
+ * both build their maps here. */
+static inline int kva_mla5_kv_maps(kva_mla_args *a, const void *kv, uint64_t slots,
+                                   int four_a_box) {
+  const uint64_t dims[3] = {KVA_MLA_D, 1, slots};
+  const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
+  const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
+  if (kva_tma_encode_16bit_3d(&a->kv_map, kv, dims, strides, box) != KVA_OK) return 0;
+  if (!four_a_box) return 1;
+  const uint64_t dims4[3] = {64, slots, KVA_MLA_D / 64};
+  const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
+  const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
+  return kva_tma_encode_16bit_3d(&a->kv_map4, kv, dims4, strides4, box4) == KVA_OK ? 4 : 1;
+}
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
  * 2 or 5 (5 with 16-bit latents only); coloc 2: v5's row tiles launched in

@@ -458,6 +458,32 @@ static __device__ __forceinline__ void kva_tma_load_3d(uint32_t dst, const void 
       "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
       : "memory");
 }
+/* As kva_tma_load_3d, multicast: the box lands at the same smem offset
+ * in every CTA of the cluster named in cta_mask, completing on each one's
+ * barrier at bar. */
+static __device__ __forceinline__ void kva_tma_load_3d_multicast(uint32_t dst, const void *map,
+                                                                 int c0, int c1, int c2,
+                                                                 uint32_t bar, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
+      "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar), "h"(cta_mask)
+      : "memory");
+}
+/* A 1-D bulk copy of `bytes` (a multiple of 16) from global src into smem
+ * at dst, completing its bytes on `bar`. */
+static __device__ __forceinline__ void kva_bulk_load(uint32_t dst, const void *src, unsigned bytes,
+                                                     uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(src), "r"(bytes), "r"(bar)
+      : "memory");
+}
+/* Every thread of every CTA of the cluster arrives and waits. */
+static __device__ __forceinline__ void kva_cluster_sync(void) {
+  asm volatile("barrier.cluster.arrive.aligned;\nbarrier.cluster.wait.aligned;\n" ::: "memory");
+}
 static __device__ __forceinline__ void kva_tma_prefetch_map(const void *map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

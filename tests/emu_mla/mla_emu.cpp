@@ -80,16 +80,9 @@ static int run_case(const Case &c, int idx) {
   /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on;
    * nine boxes a block (kv_tma 1) or four V column blocks a box (4) */
   a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
-  if (a.kv_tma && rnd() % 2) a.kv_tma = 4;
   if (a.kv_tma) {
-    const uint64_t dims[3] = {KVA_MLA_D, 1, (uint64_t)l.num_pages * c.ps};
-    const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
-    const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
-    kva_tma_encode_16bit_3d(&a.kv_map, e.k, dims, strides, box);
-    const uint64_t dims4[3] = {64, dims[2], KVA_MLA_D / 64};
-    const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
-    const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
-    kva_tma_encode_16bit_3d(&a.kv_map4, e.k, dims4, strides4, box4);
+    const int four = rnd() % 2;
+    a.kv_tma = kva_mla5_kv_maps(&a, e.k, (uint64_t)l.num_pages * c.ps, four);
   }
 
   void (*fn)(void) = NULL;
