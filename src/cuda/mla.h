@@ -83,8 +83,9 @@ typedef struct kva_mla_args {
    * page and ends at or before the chunk's end by TMA, not the threads'
    * cp.async: 1 as nine boxes of kv_map ([slots][576], 64 columns x 64
    * keys a box), 4 as two boxes of kv_map4 (four V column blocks each) and
-   * one of kv_map (the rope columns); see kva_mla5_kv_maps. mla.cu picks 1
-   * unless KVA_MLA5_BOX says otherwise */
+   * one of kv_map (the rope columns); see kva_mla5_kv_maps. mla.cu picks 4
+   * from 256 query rows (h_q x s_q) up, else 1, unless KVA_MLA5_BOX says
+   * otherwise */
   int kv_tma;
   /* v2: how long the head (split 0) of a two-chunk request waits for the
    * other chunk to count before it writes its own partial rows (ns; 0: no
