@@ -72,8 +72,10 @@
 #define MLA5_STAMPS true
 #endif
 
-/* S k-step (m64n64k16, Q and K from smem) and P V step with P from smem
- * (m64n128k16, V through the descriptor's transpose), in Q's type. */
+/* S k-step (m64n64k16, Q and K from smem) and P V k-step over one
+ * warpgroup's 256 columns of O (m64n256k16, V through the descriptor's
+ * transpose; o[0], o[1] are its 128 accumulators in order), P from
+ * registers or from smem, in Q's type. */
 template <int QT>
 static __device__ __forceinline__ void mla5_mma_s(float d[32], uint64_t da, uint64_t db, int acc) {
   if (QT == KVA_F16)
@@ -81,13 +83,20 @@ static __device__ __forceinline__ void mla5_mma_s(float d[32], uint64_t da, uint
   else
     kva_wgmma_m64n64k16_ss_bf16(d, da, db, acc);
 }
-
 template <int QT>
-static __device__ __forceinline__ void mla5_mma_pv_ss(float d[64], uint64_t da, uint64_t db) {
+static __device__ __forceinline__ void mla5_mma_pv_rs(float o[2][64], const uint32_t pa[4],
+                                                      uint64_t db) {
   if (QT == KVA_F16)
-    kva_wgmma_m64n128k16_ss_f16_tb(d, da, db);
+    kva_wgmma_m64n256k16_rs_f16_tb(&o[0][0], pa, db);
   else
-    kva_wgmma_m64n128k16_ss_bf16_tb(d, da, db);
+    kva_wgmma_m64n256k16_rs_bf16_tb(&o[0][0], pa, db);
+}
+template <int QT>
+static __device__ __forceinline__ void mla5_mma_pv_ss(float o[2][64], uint64_t da, uint64_t db) {
+  if (QT == KVA_F16)
+    kva_wgmma_m64n256k16_ss_f16_tb(&o[0][0], da, db);
+  else
+    kva_wgmma_m64n256k16_ss_bf16_tb(&o[0][0], da, db);
 }
 
 /* A hand-over to the other warpgroup, which syncs on the barrier. */
@@ -188,7 +197,9 @@ static __device__ __forceinline__ void mla5_load(uint32_t dst, uint32_t bar0,
   mla5_copy<TMA>(dst, bar0, kv, slot, wg, tw, kt, k1, a);
 }
 
-/* O[:, 256 wg ..] += P V, P from registers; committed, not waited for. */
+/* O[:, 256 wg ..] += P V, P from registers; committed, not waited for.
+ * One m64n256k16 per 16 keys (the V column blocks 4 wg .. 4 wg + 3 are one
+ * MN-major operand, 8 KB apart). */
 template <int QT>
 static __device__ __forceinline__ void mla5_pv_rs(float o[2][64], uint32_t pk[8][2], uint32_t s_k,
                                                   int wg) {
@@ -203,9 +214,7 @@ static __device__ __forceinline__ void mla5_pv_rs(float o[2][64], uint32_t pk[8]
 #pragma unroll
   for (int kk = 0; kk < 4; kk++) {
     const uint32_t pa[4] = {pk[2 * kk][0], pk[2 * kk][1], pk[2 * kk + 1][0], pk[2 * kk + 1][1]};
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      mla_mma_pv<QT>(o[h], pa, dv + ((2 * h * KVA_MLA5_KBLK + kk * 16 * 128) >> 4));
+    mla5_mma_pv_rs<QT>(o, pa, dv + ((kk * 16 * 128) >> 4));
   }
   kva_wgmma_commit();
 }
@@ -220,10 +229,7 @@ static __device__ __forceinline__ void mla5_pv_ss(float o[2][64], uint32_t s_p, 
   const uint64_t dv = mla_desc(s_k + 4 * wg * KVA_MLA5_KBLK, KVA_MLA5_KBLK, 1024);
 #pragma unroll
   for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-    for (int h = 0; h < 2; h++)
-      mla5_mma_pv_ss<QT>(o[h], dp + ((kk * 32) >> 4),
-                         dv + ((2 * h * KVA_MLA5_KBLK + kk * 16 * 128) >> 4));
+    mla5_mma_pv_ss<QT>(o, dp + ((kk * 32) >> 4), dv + ((kk * 16 * 128) >> 4));
   kva_wgmma_commit();
 }
 

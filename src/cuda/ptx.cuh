@@ -613,5 +613,25 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_rs_f16_tb(float d[12
       : KVA_WGMMA_OUT128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
+/* N = 256 with A (64x16) from smem, B MN-major: MLA v5's P V with P
+ * shared through smem, one warpgroup's 256 columns of O at once. */
+static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t desc_a,
+                                                                       uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " KVA_WGMMA_D128
+      ", %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : KVA_WGMMA_OUT128(d)
+      : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t desc_a,
+                                                                      uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " KVA_WGMMA_D128
+      ", %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : KVA_WGMMA_OUT128(d)
+      : "l"(desc_a), "l"(desc_b), "n"(1));
+}
 
 #endif /* KVA_CUDA_PTX_CUH */

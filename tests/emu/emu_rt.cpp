@@ -789,5 +789,7 @@ void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t d
 void kva_wgmma_m64n64k16_rs_f16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 8u); }
 void kva_wgmma_m64n256k16_rs_bf16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 32u); }
 void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 32u); }
+void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 32u | 64u); }
+void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 32u | 64u); }
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
 void emu_wgmma_wait(int n) { warps[cur / 32].in[cur & 31][0] = (uint32_t)n; collective(OP_WG_WAIT); }
