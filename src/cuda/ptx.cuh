@@ -520,29 +520,6 @@ static __device__ __forceinline__ void kva_setmaxnreg_dec(void) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-/* ---- MLA v5 (mla_kernel_v5.cuh) ------------------------------------------ */
-
-/* D += A (64x16, smem descriptor, K-major) * B (16x128, smem descriptor,
- * MN-major: transposed); MLA v5's P V with P shared through smem. */
-static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_bf16_tb(float d[64], uint64_t desc_a,
-                                                                       uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " KVA_WGMMA_D64
-      ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-      : KVA_WGMMA_OUT64(d)
-      : "l"(desc_a), "l"(desc_b), "n"(1));
-}
-static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t desc_a,
-                                                                      uint64_t desc_b) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KVA_WGMMA_D64
-      ", %64, %65, p, 1, 1, 0, 1;\n}\n"
-      : KVA_WGMMA_OUT64(d)
-      : "l"(desc_a), "l"(desc_b), "n"(1));
-}
-
 /* ---- wgmma shapes of the warp-specialized extend kernel at head_dim 64
  * and 256 (extend_ws.cuh): O += P V with P from registers, V MN-major. --- */
 /* N = 64 (32 accumulators, columns 8j + 2t + (e&1), j < 8). */
@@ -613,8 +590,11 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_rs_f16_tb(float d[12
       : KVA_WGMMA_OUT128(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
-/* N = 256 with A (64x16) from smem, B MN-major: MLA v5's P V with P
- * shared through smem, one warpgroup's 256 columns of O at once. */
+/* ---- MLA v5 (mla_kernel_v5.cuh) ------------------------------------------ */
+
+/* D += A (64x16, smem descriptor, K-major) * B (16x256, smem descriptor,
+ * MN-major: transposed); MLA v5's P V with P shared through smem, one
+ * warpgroup's 256 columns of O at once. */
 static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t desc_a,
                                                                        uint64_t desc_b) {
   asm volatile(

@@ -782,13 +782,11 @@ void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scal
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
-/* A K-major from smem, B MN-major (bit 6): MLA v3's P V with P in smem */
-void kva_wgmma_m64n128k16_ss_bf16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 64u); }
-void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 64u); }
 void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 8u); }
 void kva_wgmma_m64n64k16_rs_f16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 8u); }
 void kva_wgmma_m64n256k16_rs_bf16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 32u); }
 void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u | 32u); }
+/* A K-major from smem, B MN-major (bit 6): MLA v5's P V with P in smem */
 void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 32u | 64u); }
 void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 32u | 64u); }
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
