@@ -604,8 +604,9 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) lt[hf] = l[hf] + sl[(wg ^ 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
     /* The stages are free until the next request's loads. No merge before
-     * the write (known_last 0): at 254 registers its first version made
-     * ptxas spill; v2 runs the memory-bound rows where it counts. */
+     * the write (known_last 0): at 254 registers (P V at N = 128) its
+     * first version made ptxas spill; v2 runs the memory-bound rows where
+     * it counts. */
     trace_merges += mla_finish_chunk<QT, MLA5_STAMPS>(a, o, lt, m, r, split, nsplit, 0, nt,
                                                       tok0, row0, rows, tid, wg, wq, g, tq, flag,
                                                       (float *)(p_q + KVA_MLA_QTILE),
