@@ -22,6 +22,14 @@ has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
+# The environment that runs MLA variant $1 (v2, v5, or v5box4: v5 with
+# four-column-block boxes, which the default runs only from 256 rows up)
+mla_variant_env() {
+  case $1 in
+    v5box4) echo "KVA_MLA_KERNEL=v5 KVA_MLA5_BOX=4" ;;
+    *) echo "KVA_MLA_KERNEL=$1 KVA_MLA5_BOX=0" ;;
+  esac
+}
 K="$BIN/kvattn"
 
 if has info; then
@@ -50,12 +58,10 @@ if has sanitize; then
     rc=$?
     note "compute-sanitizer $tool (TMA prefill): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/san_ext_$tool.log" | tail -1)"
   done
-  # each MLA kernel on every case (the default picks by rows); v5box4: v5's
-  # four-column-block boxes, which the default runs only from 256 rows up
-  for v in v2 v5 v5box4; do
+  for v in v2 v5 v5box4; do # each MLA kernel on every case (the default picks by rows)
     for tool in memcheck racecheck synccheck; do
-      KVA_MLA_KERNEL=${v%box4} KVA_MLA5_BOX=$([ "$v" = v5box4 ] && echo 4 || echo 0) \
-        timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_${v}_$tool.log" 2>&1
+      # shellcheck disable=SC2046
+      env $(mla_variant_env $v) timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_${v}_$tool.log" 2>&1
       rc=$?
       note "compute-sanitizer $tool (MLA cases, $v): rc=$rc $(grep -E 'ERROR SUMMARY|passed' "$OUT/san_mla_${v}_$tool.log" | tail -2 | tr '\n' ' ')"
     done
@@ -71,9 +77,9 @@ if has test; then
     note "$(basename "$t"): rc=$rc $(tail -1 "$OUT/$(basename "$t").log")"
   done
   if [ -x "$BIN/test_cuda_mla" ]; then
-    for v in v2 v5 v5box4; do # each MLA kernel on every shape (v5box4: as in sanitize)
-      KVA_MLA_KERNEL=${v%box4} KVA_MLA5_BOX=$([ "$v" = v5box4 ] && echo 4 || echo 0) \
-        timeout 300 "$BIN/test_cuda_mla" >"$OUT/test_cuda_mla_$v.log" 2>&1
+    for v in v2 v5 v5box4; do # each MLA kernel on every shape
+      # shellcheck disable=SC2046
+      env $(mla_variant_env $v) timeout 300 "$BIN/test_cuda_mla" >"$OUT/test_cuda_mla_$v.log" 2>&1
       note "test_cuda_mla ($v): rc=$? $(tail -1 "$OUT/test_cuda_mla_$v.log")"
     done
   fi
