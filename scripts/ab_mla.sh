@@ -3,8 +3,8 @@
 #   [KVA_AB="v2 v5"] bash scripts/ab_mla.sh [repeats]
 # KVA_AB: KVA_MLA_KERNEL values (default "v2 v5"; v5 runs 16-bit latents
 # only, its fp8 row is v2). Or binaries: KVA_AB_BINS="name:path[:VAR=value[,VAR=value]] ..."
-# (each run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default} and the environment
-# given after the path, if any). Or environments:
+# (each run with KVA_MLA_KERNEL=${KVA_AB_KERNEL:-default} unless the environment
+# given after the path, if any, says otherwise). Or environments:
 # KVA_AB_ENVS="name:VAR=value[,VAR=value] ..." on one binary. AB_SHAPES: a file of
 # bench arguments, one shape per line (default: the table's rows).
 set -uo pipefail
@@ -32,7 +32,7 @@ for rep in $(seq "$n"); do
       elif [ -n "${KVA_AB_ENVS:-}" ]; then name=${v%%:*} envs=${v#*:} bin=$K kern=${KVA_AB_KERNEL:-}
       else name=$v bin=$K kern=$v; fi
       # shellcheck disable=SC2086
-      env ${envs//,/ } KVA_MLA_KERNEL=$kern "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
+      env KVA_MLA_KERNEL=$kern ${envs//,/ } "$bin" bench --device cuda --mode mla --page 64 $cfg --json 2>/dev/null |
         sed "s|^{|{\"kernel\":\"$name\",|"
     done
   done
