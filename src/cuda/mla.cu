@@ -1,16 +1,16 @@
 /* MLA decode on the CUDA backend: the plan's decode requests on a wgmma
  * kernel, which also merges the chunks of split requests; f32 Q/O, Q of
  * another 16-bit type than the pool, or unaligned Q/O run on the CUDA-core
- * kernel (simple_attention.cu). Two wgmma kernels: v2 (mla_kernel.cuh;
- * 32-key tiles, S split between the warpgroups; fp8 latents too) and v5
+ * kernel (simple_attention.cu). Three wgmma kernels: v2 (mla_kernel.cuh;
+ * 32-key tiles, S split between the warpgroups; fp8 latents too), v5
  * (mla_kernel_v5.cuh; 64-key blocks in pairs, FlashMLA's seesaw in its
- * order; 16-bit latents; TMA loads on pools of whole 64-key pages). v5
- * runs batches of >= 128 rows (q heads x new tokens: the compute-bound
- * ones, where it measured 15-30% faster than v2), v2 the rest (the two
- * within 1% there); KVA_MLA_KERNEL=v2|v5 forces one and KVA_MLA_TMA=0
- * keeps v5 on cp.async (A/B). v5 is launched in clusters of two row tiles
- * (placement only: a worker's tile pair on one GPC; KVA_MLA_COLOC=1 turns
- * it off). Launch shapes come from plan capacities only
+ * order; 16-bit latents; TMA loads on pools of whole 64-key pages) and v6
+ * (mla_kernel_v6.cuh; v5's blocks and loads, one warpgroup making S and
+ * P for two that own O). v6 runs batches of >= 128 rows (q heads x new
+ * tokens: the compute-bound ones), v2 the rest; KVA_MLA_KERNEL=v2|v5|v6
+ * forces one and KVA_MLA_TMA=0 keeps v5/v6 on cp.async (A/B). v5 and v6
+ * are launched in clusters of two row tiles (placement only: a worker's
+ * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only
  * (max_q_tokens, num_workers), never from the batch, so the same launch
  * replays under CUDA graphs (the kernel choice is the captured batch's). */
 #include <string.h>
@@ -19,13 +19,14 @@
 
 #include "cuda/mla_kernel.cuh"
 #include "cuda/mla_kernel_v5.cuh"
+#include "cuda/mla_kernel_v6.cuh"
 
 /* Whether every SM can hold a CTA of fn (one per SM) in clusters of 2 at
  * once: else a pair would wait for a second wave. H100 at 232 KB: 66
  * clusters of 2 for 132 SMs (but 30 of 4). Cached per device in cache
  * (0 unknown, 1 no, 2 yes); after the smem opt-in. Not asked while s is
  * being captured (no pairs then, until an eager launch has asked). */
-static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, cudaStream_t s,
+static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaStream_t s,
                          int cache[KVA_CUDA_OPTIN_DEVICES]) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
@@ -37,7 +38,7 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, cudaStream_t s,
     return 0;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(1, 2);
-  lc.blockDim = dim3(KVA_MLA_THREADS);
+  lc.blockDim = dim3((unsigned)threads);
   lc.dynamicSmemBytes = (size_t)smem;
   cudaLaunchAttribute at = {};
   at.id = cudaLaunchAttributeClusterDimension;
@@ -54,36 +55,39 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, cudaStream_t s,
   return ok;
 }
 
-/* ver: 2 or 5 (5: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2, 5 or 6 (5, 6: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
                              cudaStream_t s) {
   /* per kernel */
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v5[3][KVA_CUDA_OPTIN_DEVICES];
-  int smem = KVA_MLA_SMEM(KV8);
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[2][3][KVA_CUDA_OPTIN_DEVICES];
+  int smem = KVA_MLA_SMEM(KV8), threads = KVA_MLA_THREADS;
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
-  /* v5's instantiations: cp.async only, nine TMA boxes a block, four V
-   * column blocks a box (kv_tma 0, 1, 4) */
-  void (*const v5_fn[3])(kva_mla_args) = {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>,
-                                          kva_mla_kernel_v5<QT, 4>};
-  const int v5_var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
-  if (ver == 5 && !KV8) {
+  /* v5's and v6's instantiations: cp.async only, nine TMA boxes a block,
+   * four V column blocks a box (kv_tma 0, 1, 4) */
+  void (*const v56_fn[2][3])(kva_mla_args) = {
+      {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>, kva_mla_kernel_v5<QT, 4>},
+      {kva_mla_kernel_v6<QT, 0>, kva_mla_kernel_v6<QT, 1>, kva_mla_kernel_v6<QT, 4>}};
+  const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0, v6 = ver == 6;
+  if (KV8) ver = 2;
+  if (ver == 5 || ver == 6) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
-    smem = KVA_MLA5_SMEM;
-    fn = v5_fn[v5_var];
-    optin = optin_v5[v5_var];
+    smem = v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
+    threads = v6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS;
+    fn = v56_fn[v6][var];
+    optin = optin_v56[v6][var];
   }
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin));
   /* a programmatic dependent of the kernel before it (the KV store, the
    * previous layer) */
-  if (ver != 5 || KV8) coloc = 1;
+  if (ver == 2) coloc = 1;
   if (coloc == 2) {
-    static int fits[3][KVA_CUDA_OPTIN_DEVICES];
-    coloc = mla_pairs_fit(fn, smem, s, fits[v5_var]) ? 2 : 1;
+    static int fits[2][3][KVA_CUDA_OPTIN_DEVICES];
+    coloc = mla_pairs_fit(fn, smem, threads, s, fits[v6][var]) ? 2 : 1;
   }
-  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA_THREADS), (size_t)smem, s,
+  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3((unsigned)threads), (size_t)smem, s,
                                       *a, (unsigned)coloc));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel");
   return KVA_OK;
@@ -113,11 +117,11 @@ static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
   return sw->value;
 }
 
-/* KVA_MLA_KERNEL=v2|v5 forces a kernel (A/B); 0 = by the batch's rows. */
+/* KVA_MLA_KERNEL=v2|v5|v6 forces a kernel (A/B); 0 = by the batch's rows. */
 static int mla_kernel_forced(void) {
   static mla_env_switch sw;
   const int v = mla_env_int(&sw, "KVA_MLA_KERNEL", 0);
-  return v == 2 || v == 5 ? v : 0;
+  return v == 2 || v == 5 || v == 6 ? v : 0;
 }
 
 /* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
@@ -302,12 +306,18 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();
   if (ver == 0) {
-    ver = hq * max_q >= 2 * KVA_MLA_BM ? 5 : 2;
+    /* v6 on the compute-bound batches (H100, 2026-11-26, 4 samples ABBA:
+     * +8.5 to +10.4% over v5 on FlashMLA's 128-row rows, -4.8 to +3.5% at
+     * 256 rows); at 64 rows and below v2 (v6 streams a 64-row batch at
+     * ~0.65 of copy, v2 at 0.93-1.0) */
+    ver = hq * max_q >= 2 * KVA_MLA_BM ? 6 : 2;
   }
-  if (ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ver = 2;
-  /* v5's TMA boxes of 64 keys need pages of whole 64-key runs; a driver
-   * without tensor-map encoding keeps cp.async */
-  a.kv_tma = ver == 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
+  if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
+      (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)))
+    ver = 2;
+  /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
+   * driver without tensor-map encoding keeps cp.async */
+  a.kv_tma = ver >= 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
   if (a.kv_tma) {
     /* Four V column blocks per box (kv_tma 4): one SM alone takes a 72 KB
      * block as one box of its nine column blocks at ~93 bytes/cycle on the

@@ -53,6 +53,20 @@ extern "C" {
 #define KVA_MLA5_SMEM \
   (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA5_P + KVA_MLA5_STATS + KVA_MLA5_BARS) /* 232096 */
 
+/* v6 (mla_kernel_v6.cuh, 16-bit latents only): v5's 64-key blocks in two
+ * stages (P over each stage's rope columns), three warpgroups; the
+ * factors c per stage, max m and sum l per chunk parity, 21 mbarriers (Q;
+ * stage x 9 column blocks; ready per stage) and a flag. */
+#define KVA_MLA6_THREADS 384
+#define KVA_MLA6_STATS (6 * KVA_MLA_BM * 4) /* c[2], m[2], l[2]: 1536 */
+#ifdef KVA_MLA_TRACE
+#define KVA_MLA6_BARS 272
+#else
+#define KVA_MLA6_BARS 176
+#endif
+#define KVA_MLA6_SMEM \
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223920 */
+
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
 typedef struct kva_mla_args {
@@ -79,7 +93,7 @@ typedef struct kva_mla_args {
    * evict_first (v2), so the stream does not push them out; bit 2 partial
    * rows dropped from L2 (discard) once merged, never written back */
   int l2_hints;
-  /* v5: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
+  /* v5 and v6: kv_tma != 0 loads a 64-key block that starts a 64-key run of one
    * page and ends at or before the chunk's end by TMA, not the threads'
    * cp.async: 1 as nine boxes of kv_map ([slots][576], 64 columns x 64
    * keys a box), 4 as two boxes of kv_map4 (four V column blocks each) and
@@ -120,8 +134,8 @@ static inline int kva_mla5_kv_maps(kva_mla_args *a, const void *kv, uint64_t slo
 }
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 2 or 5 (5 with 16-bit latents only); coloc 2: v5's row tiles launched in
- * clusters of 2 (a worker's tile pairs on one GPC), else 1. */
+ * 2, 5 or 6 (5 and 6 with 16-bit latents only); coloc 2: v5's or v6's row
+ * tiles launched in clusters of 2 (a worker's tile pairs on one GPC), else 1. */
 kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, int coloc,
                           unsigned grid_x, unsigned grid_y, cudaStream_t stream);
 

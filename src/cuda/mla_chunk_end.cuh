@@ -1,4 +1,4 @@
-/* The end of an MLA request chunk, shared by kernels v2 and v5: O written
+/* The end of an MLA request chunk, shared by kernels v2, v5 and v6: O written
  * straight from the accumulators (single-chunk request) or as the chunk's
  * f32 partial rows; the CTA whose chunk of a split request finishes last
  * merges the partial rows by LSE into O (as decode_kernel.cuh does, with a
@@ -16,6 +16,23 @@
 #include "cuda/trace.h"
 
 #define KVA_MLA_LN2 0.6931471805599453f
+
+/* The barrier of the threads that end a chunk (KVA_MLA_THREADS of them):
+ * NB 0 is the CTA's (v2, v5); v6, whose S warpgroup stays out of the
+ * chunk's end, passes a named barrier of its two O warpgroups, which they
+ * also meet elsewhere in v6: not .aligned (kva_bar_sync_any), after a
+ * __syncwarp (the compiler reconverges a warp before __syncthreads, not
+ * before inline asm; synccheck caught a warp split by the merge's per-row
+ * loop). */
+template <int NB>
+static __device__ __forceinline__ void mla_end_sync(void) {
+  if (NB == 0) {
+    __syncthreads();
+  } else {
+    __syncwarp();
+    kva_bar_sync_any(NB, KVA_MLA_THREADS);
+  }
+}
 
 /* two floats -> Q's type (P in the kernels, O here) */
 template <int QT>
@@ -62,7 +79,7 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
  * flight at a time (measured, h64 varlen: a merge of 2-4 chunks took ~29 us
  * item by item). Same chunk order as the per-item merge. */
 #define KVA_MLA_MERGE_ITEMS 8
-template <int QT>
+template <int QT, int NB>
 static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nsplit, int nt,
                                           int tok0, int row0, int rows_here, int tid, float *sw) {
   const size_t p0 = (size_t)a.split_row_offset[r];
@@ -72,7 +89,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
     const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
     sw[idx] = __ldcg(a.part_lse + (p0 + t + (size_t)j * nt) * a.hq + h);
   }
-  __syncthreads();
+  mla_end_sync<NB>();
   for (int row = tid; row < rows_here; row += KVA_MLA_THREADS) { /* a thread per row */
     float *const w = sw + row * nsplit;
     float mx = -INFINITY;
@@ -87,7 +104,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
     const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
     if (a.lse) a.lse[(size_t)(tok0 + t) * a.hq + h] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
   }
-  __syncthreads();
+  mla_end_sync<NB>();
   const int n = rows_here * (KVA_MLA_DV / 4);
   const size_t jstride = (size_t)nt * a.hq * KVA_MLA_DV; /* chunk to chunk, floats */
   const uint64_t pol = (a.l2_hints & 1) ? kva_l2_evict_first() : kva_l2_evict_normal();
@@ -134,7 +151,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
     }
   }
   if (a.l2_hints & 4) {
-    __syncthreads(); /* every chunk's rows read */
+    mla_end_sync<NB>(); /* every chunk's rows read */
     for (int j = 0; j < nsplit; j++)
       mla_discard_rows(a, a.part_o + ((p0 + (size_t)j * nt) * a.hq + row0) * KVA_MLA_DV, rows_here,
                        tid);
@@ -211,14 +228,14 @@ static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, con
 /* The chunks of request r merged into O by the CTA that completed them:
  * with each row's weights in `scratch` (free smem of scratch_bytes) when
  * they fit, else item by item. */
-template <int QT>
+template <int QT, int NB>
 static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int r, int nsplit,
                                                       int nt, int tok0, int row0, int rows,
                                                       int tid, float *scratch,
                                                       size_t scratch_bytes) {
   const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
   if ((size_t)rows_here * (nsplit + 1) * 4 <= scratch_bytes)
-    mla_merge_chunks_w<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch);
+    mla_merge_chunks_w<QT, NB>(a, r, nsplit, nt, tok0, row0, rows_here, tid, scratch);
   else
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
 }
@@ -232,6 +249,7 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
  * merge 12 -> 5 us). The arithmetic and chunk order of mla_merge_chunks_w:
  * bitwise the same O and LSE. On return o holds the weighted sum, inv the
  * factor to O and lse the merged LSE. */
+template <int NB>
 static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &a, float o[2][64],
                                                             float inv[2], float lse[2], int r,
                                                             int split, int nt, int row0,
@@ -251,7 +269,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     lo[hf] = lr < rows_here ? __ldcg(a.part_lse + other + lr) : -INFINITY;
   }
   kva_cp_async_wait<0>();
-  __syncthreads(); /* every thread's copies landed */
+  mla_end_sync<NB>(); /* every thread's copies landed */
   mla_discard_rows(a, src, rows_here, tid);
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
@@ -279,15 +297,15 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
   }
 }
 
-/* The end of a chunk in both kernels, after the row sums lt (maxima m):
+/* The end of a chunk in every kernel, after the row sums lt (maxima m):
  * O, or this chunk's partial rows and its count, and the merge by the
  * chunk that completes the request. known_last (two-chunk requests,
- * kva_split_known_last read after a __syncthreads; a constant 0 compiles
+ * kva_split_known_last read after a CTA barrier; a constant 0 compiles
  * the path out): merge before writing, mla_merge_known_last. flag: an int
- * of smem, free until the caller's next __syncthreads; scratch: free smem
+ * of smem, free until the caller's next barrier; scratch: free smem
  * for the merge (at least 64 x 512 floats). Stamps 4-7 of the decode
  * timeline when STAMPS. Returns 1 if this CTA merged. */
-template <int QT, bool STAMPS>
+template <int QT, bool STAMPS, int NB = 0>
 static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, float o[2][64],
                                                        const float lt[2], const float m[2], int r,
                                                        int split, int nsplit, int known_last,
@@ -303,7 +321,7 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
       KVA_TRACE_STAMP(5, kva_globaltimer());
       KVA_TRACE_STAMP(6, kva_globaltimer());
     }
-    mla_merge_known_last(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
+    mla_merge_known_last<NB>(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
                          kva_smem_u32(scratch), scratch);
   }
   mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,
@@ -315,16 +333,16 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
   if (nsplit == 1) return 0;
   /* Count this chunk (split_merge.cuh); the chunk that completes the count
    * merges all of them. */
-  __syncthreads(); /* the CTA's partial rows are written */
+  mla_end_sync<NB>(); /* the CTA's partial rows are written */
   if (STAMPS) KVA_TRACE_STAMP(4, kva_globaltimer());
   if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
-  __syncthreads();
+  mla_end_sync<NB>();
   if (!*flag) return 0;
   if (STAMPS) {
     KVA_TRACE_STAMP(5, kva_globaltimer());
     KVA_TRACE_STAMP(6, kva_globaltimer());
   }
-  mla_merge_rows<QT>(a, r, nsplit, nt, tok0, row0, rows, tid, scratch, scratch_bytes);
+  mla_merge_rows<QT, NB>(a, r, nsplit, nt, tok0, row0, rows, tid, scratch, scratch_bytes);
   if (STAMPS) KVA_TRACE_STAMP(7, kva_globaltimer());
   return 1;
 }

@@ -3,7 +3,7 @@
  * h_q, 1..8 new tokens per request, varlen, page sizes, bf16/f16/fp8
  * latents, forced splits. */
 #include "emu_common.h"
-#include "cuda/mla_kernel_v5.cuh"
+#include "cuda/mla_kernel_v6.cuh"
 #include <algorithm>
 #include <vector>
 
@@ -19,8 +19,8 @@ void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
   g_prefetch_bytes += bytes;
 }
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v5: the kernel (default v2); v5
- * runs 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
+/* EMU_MLA_KERNEL=v2|v5|v6: the kernel (default v2); v5 and v6
+ * run 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
 static int g_ver = 2, g_run_ver = 2;
 template <int QT, int KV8>
 static void body() {
@@ -29,6 +29,10 @@ static void body() {
     g_args.kv_tma == 4 ? kva_mla_kernel_v5<QT, 4>(g_args)
     : g_args.kv_tma    ? kva_mla_kernel_v5<QT, 1>(g_args)
                        : kva_mla_kernel_v5<QT, 0>(g_args);
+  else if (g_run_ver == 6 && !KV8)
+    g_args.kv_tma == 4 ? kva_mla_kernel_v6<QT, 4>(g_args)
+    : g_args.kv_tma    ? kva_mla_kernel_v6<QT, 1>(g_args)
+                       : kva_mla_kernel_v6<QT, 0>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -70,16 +74,16 @@ static int run_case(const Case &c, int idx) {
   a.causal = c.causal;
   a.l2_hints = (int)(rnd() % 8); /* policies are no-ops here; the code paths run; bit 2's
                                     discard writes NaN over merged partial rows */
-  g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
+  g_run_ver = g_ver >= 5 && c.kv8 ? 2 : g_ver;
   /* the prefetch (mla.cu sets 128 keys at <= 32 rows): none, short, long */
   static const int pre_keys[4] = {0, 16, 128, 5000};
   a.prefetch_keys = pre_keys[rnd() % 4];
   g_kv_lo = (const unsigned char *)e.k;
   g_kv_hi = g_kv_lo + (size_t)l.num_pages * c.ps * D * (c.kv8 ? 1 : 2);
   g_prefetch_bytes = g_prefetch_bad = 0;
-  /* v5's TMA blocks (as mla.cu: pages of whole 64-key runs), mostly on;
-   * nine boxes a block (kv_tma 1) or four V column blocks a box (4) */
-  a.kv_tma = g_run_ver == 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
+  /* v5's and v6's TMA blocks (as mla.cu: pages of whole 64-key runs),
+   * mostly on; nine boxes a block (kv_tma 1) or four V column blocks a box (4) */
+  a.kv_tma = g_run_ver >= 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
   if (a.kv_tma) {
     const int four = rnd() % 2;
     a.kv_tma = kva_mla5_kv_maps(&a, e.k, (uint64_t)l.num_pages * c.ps, four);
@@ -88,7 +92,9 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  emu_smem_limit = g_run_ver == 5 ? KVA_MLA5_SMEM : KVA_MLA_SMEM(c.kv8);
+  emu_smem_limit = g_run_ver == 6   ? KVA_MLA6_SMEM
+                   : g_run_ver == 5 ? KVA_MLA5_SMEM
+                                    : KVA_MLA_SMEM(c.kv8);
   /* Twice: the last chunk of a two-chunk request merging before it writes
    * (CTAs run one after another here, so the last one always knows it is
    * last; v2 only), then every chunk counting and the last merging from
@@ -99,7 +105,7 @@ static int run_case(const Case &c, int idx) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      emu_run_grid(fn, c.workers, KVA_MLA_THREADS);
+      emu_run_grid(fn, c.workers, g_run_ver == 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
     }
     if (emu_split_sem_dirty(sp, idx)) return 1;
     if (pass == 0) {
@@ -148,7 +154,10 @@ int main(int argc, char **argv) {
    * may then be the last, so both sides of mla_merge_known_last run */
   setenv("EMU_CTA_ORDER", "shuffle", 0);
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
-  if (g_ver != 2 && g_ver != 5) { fprintf(stderr, "EMU_MLA_KERNEL: v2 or v5\n"); return 2; }
+  if (g_ver != 2 && g_ver != 5 && g_ver != 6) {
+    fprintf(stderr, "EMU_MLA_KERNEL: v2, v5 or v6\n");
+    return 2;
+  }
   printf("kernel v%d\n", g_ver);
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;

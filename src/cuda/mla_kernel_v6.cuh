@@ -1,0 +1,252 @@
+/* MLA decode v6: one warpgroup makes S and P, two own O. 16-bit latents
+ * only (fp8 pools keep v2). Same grid, arguments, split walk, loads (v5's
+ * 64-key blocks in two 72 KB stages, TMA or cp.async, mla5_rows /
+ * mla5_copy), partial rows, in-kernel merge, causal mask, LSE and PDL as
+ * v5; 384 threads.
+ *
+ * Warpgroup 0 (S, 104 registers): per 64-key block j in stage j % 2,
+ * S = Q K^T (36 ss k-steps, each column block as soon as it landed), the
+ * online softmax (it alone holds the rows' max m and sum l), P over the
+ * stage's rope column block (dead once S read it; [64 rows][128 B], the A
+ * operand of an ss wgmma), the rows' factors c to smem, and an arrival on
+ * the stage's ready barrier. Warpgroups 1 and 2 (200 registers): O's
+ * columns 0..255 and 256..511; per block: wait ready, O *= c where a row's
+ * max moved, O += P V (four m64n256k16 from smem), wait, a barrier of the
+ * two, then each refills the stage's column blocks it was the last to
+ * read (v5's split: 0..3 and 8 / 4..7) with block j + 2. So the softmax of
+ * block j + 1 runs while the tensor cores do block j's P V, and no
+ * warpgroup waits for another's row maxima (v5's seesaw did; a probe of
+ * this structure, bench/mla_v6_probe.cu, ran ~20% faster than v5 on
+ * FlashMLA's compute-bound rows).
+ *
+ * A chunk's end: warpgroup 0 puts l and m in smem (two buffers by chunk
+ * parity) and meets the O warpgroups on a barrier; they then run the chunk
+ * end of v2 and v5 (mla_chunk_end.cuh) on their named barrier, load the
+ * next chunk's Q and first two blocks, and warpgroup 0 waits for them on
+ * the mbarriers.
+ * Named barriers: 1 the O warpgroups (256 threads), 2 the chunk's stats
+ * (all 384), 3 warpgroup 0 (its S over before its P overwrites the rope
+ * columns that S reads). */
+#ifndef KVA_CUDA_MLA_KERNEL_V6_CUH
+#define KVA_CUDA_MLA_KERNEL_V6_CUH
+
+#include "cuda/mla_kernel_v5.cuh"
+
+#define KVA_MLA6_BAR_O 1
+#define KVA_MLA6_BAR_STATS 2
+#define KVA_MLA6_BAR_S 3 /* warpgroup 0 */
+#define KVA_MLA6_S_REGS 104
+#define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
+
+/* A named barrier that warps reach from different code (warpgroup 0's and
+ * the O warpgroups'), so not .aligned (kva_bar_sync_any); whole warps
+ * (see mla_end_sync). */
+static __device__ __forceinline__ void mla6_sync(int id, int count) {
+  __syncwarp();
+  kva_bar_sync_any(id, count);
+}
+
+/* The chunk of request wi of a worker's range for row tile row0; 0 when
+ * the CTA has nothing to do there. Every warpgroup walks the same. */
+typedef struct mla6_chunk {
+  int r, nsplit, nt, rows, cached, split, k0, k1, nblk, tok0;
+  const int32_t *pt;
+} mla6_chunk;
+static __device__ __forceinline__ int mla6_chunk_at(const kva_mla_args &a,
+                                                    const kva_split_work &wk, int wi, int row0,
+                                                    mla6_chunk *c) {
+  const int r = a.sched_order[wi];
+  c->nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+  if (c->nsplit == 0) return 0;
+  c->nt = a.num_new[r];
+  c->rows = c->nt * a.hq;
+  if (row0 >= c->rows) return 0;
+  const int kv_len = a.cache_seqlens[r];
+  c->r = r;
+  c->cached = kv_len - c->nt;
+  const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
+  c->split = ch.split;
+  c->k0 = ch.k0;
+  c->k1 = ch.k1;
+  c->nblk = ch.k1 > ch.k0 ? (ch.k1 - ch.k0 + KVA_MLA5_BN - 1) / KVA_MLA5_BN : 0;
+  c->tok0 = a.cu_q[r];
+  c->pt = a.page_table + (size_t)r * a.hdr->page_table_stride;
+  return 1;
+}
+
+template <int QT, int TMA>
+__global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
+    kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
+  constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
+  static_assert(KVA_MLA6_SMEM <= 232448, "227 KB of smem per CTA");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
+  unsigned char *const p_q = smem + (s_q - s_raw);
+  const uint32_t s_st0 = s_q + KVA_MLA_QTILE;
+  unsigned char *const p_st0 = p_q + KVA_MLA_QTILE;
+  float *const sc = (float *)(p_st0 + 2 * TILE); /* [2 stages][64] factor c */
+  float *const sm = sc + 2 * KVA_MLA_BM;          /* [2 chunk parities][64] max m */
+  float *const sl = sm + 2 * KVA_MLA_BM;          /* [2 chunk parities][64] sum l */
+  /* mbarriers: Q, stage s column block k at 8 (1 + 9 s + k), ready of
+   * stage s at 8 (19 + s); then a flag */
+  const uint32_t s_bar = s_q + KVA_MLA_QTILE + 2 * TILE + KVA_MLA6_STATS;
+  volatile int *const flag = (volatile int *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 168);
+#ifdef KVA_MLA_TRACE /* v5's S helper sums phases into words here (not reported) */
+  unsigned *const mla5_tr = (unsigned *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 176);
+#else
+  unsigned *const mla5_tr = NULL;
+#endif
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
+  const int tw = tid & 127;
+  const kva_plan_header *hdr = a.hdr;
+  kva_griddep_launch_dependents();
+  if ((int)blockIdx.x >= hdr->num_workers) return;
+  const int row0 = (int)blockIdx.y * KVA_MLA_BM;
+  if (row0 >= hdr->max_q_len * a.hq) return;
+  const kva_split_work wk = a.sched[blockIdx.x];
+  if (tid == 0) {
+    kva_mbar_init(s_bar, KVA_MLA_THREADS);
+#pragma unroll
+    for (int i = 1; i < 21; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
+    if (TMA && a.kv_tma) {
+      kva_tma_prefetch_map(&a.kv_map);
+      if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
+    }
+  }
+  __syncthreads(); /* the inits are seen by every thread */
+
+  /* fills of each stage, Q loads and chunks so far, CTA-uniform */
+  int f0 = 0, f1 = 0, nq = 0, nchunk = 0;
+  if (wg == 0) {
+    kva_setmaxnreg_dec<KVA_MLA6_S_REGS>();
+    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+      mla6_chunk c;
+      if (!mla6_chunk_at(a, wk, wi, row0, &c)) continue;
+      int pos[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) pos[hf] = c.cached + (row0 + 16 * wq + g + 8 * hf) / a.hq;
+      float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+      if (c.nblk > 0) {
+        kva_mbar_wait(s_bar, (uint32_t)(nq & 1)); /* Q */
+        kva_fence_proxy_async_smem();              /* Q came by cp.async */
+      }
+      for (int j = 0; j < c.nblk; j++) {
+        const int s = j & 1;
+        const uint32_t st = s_st0 + s * TILE, bar = s_bar + 8 + 72 * s;
+        const uint32_t par = (uint32_t)(((s ? f1 : f0) + (j >> 1)) & 1);
+        /* a TMA block needs no proxy fence before its wgmmas (the async
+         * proxy wrote it; H100: 4-6% of a probe's time, bench/mla_v6_probe.cu) */
+        const int fence = !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
+        float sacc[32], cf[2];
+        uint32_t pk[8][2];
+        mla5_s_begin(sacc);
+#pragma unroll
+        for (int k = 0; k < 9; k++)
+          mla5_s_cols<QT>(sacc, s_q, st, bar, par, k, k == 0, mla5_tr, fence);
+        kva_wgmma_commit();
+        kva_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 32; i++) kva_reg_fence_f32(&sacc[i]);
+        /* every warp's S is over before any warp's P goes over the rope
+         * columns it reads (the emulator caught keys 32..63 of a block read
+         * after warp 2 had stored its P rows there) */
+        mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
+        mla_softmax_tile<QT, 8, false>(sacc, m, l, cf, pk, c.k0 + j * BN, c.k1, c.cached, pos, a,
+                                       a.qk_mul, tq);
+        /* P over the stage's rope column block; its factors; then ready */
+        mla5_store_p(p_st0 + s * TILE + 8 * KB, pk, wq, g, tq);
+        if (tq == 0) {
+          sc[s * KVA_MLA_BM + 16 * wq + g] = cf[0];
+          sc[s * KVA_MLA_BM + 16 * wq + g + 8] = cf[1];
+        }
+        kva_mbar_arrive(s_bar + 8 * (19 + s));
+      }
+      /* the rows' sums and maxima to the O warpgroups */
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        float lt = l[hf];
+        lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+        lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+        if (tq == 0) {
+          sl[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf] = lt;
+          sm[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf] = m[hf];
+        }
+      }
+      mla6_sync(KVA_MLA6_BAR_STATS, KVA_MLA6_THREADS);
+      if (c.nblk > 0) {
+        f0 += (c.nblk + 1) >> 1;
+        f1 += c.nblk >> 1;
+        nq++;
+      }
+      nchunk++;
+    }
+    return;
+  }
+
+  kva_setmaxnreg_inc<KVA_MLA6_O_REGS>();
+  const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
+  const unsigned char *const kvg = (const unsigned char *)a.kv;
+  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+    mla6_chunk c;
+    if (!mla6_chunk_at(a, wk, wi, row0, &c)) continue;
+    kva_griddep_wait();
+    float o[2][64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) o[0][i] = o[1][i] = 0.0f;
+    if (c.nblk > 0) {
+      /* Q (both warpgroups), blocks 0 and 1 (each its column blocks) */
+      mla_issue_q(s_q, a, c.tok0, row0, c.rows, ct);
+      kva_cp_async_mbar_arrive_noinc(s_bar);
+      mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
+      if (c.nblk > 1) mla5_load<TMA>(s_st0 + TILE, s_bar + 80, kvg, c.pt, c.k0 + BN, c.k1, a, h, tw);
+    }
+    for (int j = 0; j < c.nblk; j++) {
+      const int s = j & 1;
+      const uint32_t st = s_st0 + s * TILE, bar = s_bar + 8 + 72 * s;
+      const uint32_t par = (uint32_t)(((s ? f1 : f0) + (j >> 1)) & 1);
+      const int kt = c.k0 + j * BN;
+      const bool more = j + 2 < c.nblk;
+      int nx[4]; /* rows of block j + 2, read ahead of the wait */
+      mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
+      kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
+      float cf[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) cf[hf] = sc[s * KVA_MLA_BM + 16 * wq + g + 8 * hf];
+      if (__any_sync(0xffffffffu, cf[0] != 1.0f || cf[1] != 1.0f)) mla_scale_o(o, cf);
+      /* V of a cp.async block landed for warpgroup 0's S: fenced for this
+       * warpgroup's wgmma (P's generic stores were fenced by their writers) */
+      if (!mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
+      mla5_pv_ss<QT>(o, st + 8 * KB, st, h);
+      kva_wgmma_wait<0>();
+      mla_fence_o(o);
+      mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
+      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
+    }
+    mla6_sync(KVA_MLA6_BAR_STATS, KVA_MLA6_THREADS); /* the rows' l and m */
+    float lt[2], m[2];
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      lt[hf] = sl[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
+      m[hf] = sm[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
+    }
+    /* the stages are free until the next chunk's loads: the merge's scratch */
+    mla_finish_chunk<QT, false, KVA_MLA6_BAR_O>(a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt,
+                                                c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
+                                                (float *)p_st0, (size_t)(2 * TILE));
+    /* the merge's scratch (generic writes) before the next chunk's TMA
+     * writes there */
+    if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
+    mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
+    if (c.nblk > 0) {
+      f0 += (c.nblk + 1) >> 1;
+      f1 += c.nblk >> 1;
+      nq++;
+    }
+    nchunk++;
+  }
+}
+
+#endif /* KVA_CUDA_MLA_KERNEL_V6_CUH */
