@@ -304,6 +304,20 @@ static __device__ __forceinline__ void mla5_store_p(unsigned char *p_dst, const 
   kva_fence_proxy_async_smem(); /* generic stores -> the other warpgroup's wgmma */
 }
 
+/* One thread's CTA setup (v5, v6): the mbarriers at s_bar, Q's first
+ * (KVA_MLA_THREADS arrivals) and nbars - 1 of a warpgroup's 128, and the
+ * TMA builds' tensor maps prefetched. */
+template <int TMA>
+static __device__ __forceinline__ void mla5_init(uint32_t s_bar, int nbars, const kva_mla_args &a) {
+  kva_mbar_init(s_bar, KVA_MLA_THREADS);
+#pragma unroll
+  for (int i = 1; i < nbars; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
+  if (TMA && a.kv_tma) {
+    kva_tma_prefetch_map(&a.kv_map);
+    if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
+  }
+}
+
 template <int QT, int TMA>
 __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     kva_mla_kernel_v5(const __grid_constant__ kva_mla_args a) {
@@ -352,15 +366,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   if (row0 >= hdr->max_q_len * a.hq) return;
   const kva_split_work wk = a.sched[blockIdx.x];
   const unsigned char *const kvg = (const unsigned char *)a.kv;
-  if (tid == 0) {
-    kva_mbar_init(s_bar, KVA_MLA_THREADS);
-#pragma unroll
-    for (int i = 1; i < 19; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
-    if (TMA && a.kv_tma) {
-      kva_tma_prefetch_map(&a.kv_map);
-      if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
-    }
-  }
+  if (tid == 0) mla5_init<TMA>(s_bar, 19, a);
   __syncthreads(); /* the inits are seen by every thread */
 
   /* fills of each stage and Q loads so far (mbarrier phases), CTA-uniform */

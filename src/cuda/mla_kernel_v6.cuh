@@ -107,15 +107,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
   if (row0 >= hdr->max_q_len * a.hq) return;
   const kva_split_work wk = a.sched[blockIdx.x];
-  if (tid == 0) {
-    kva_mbar_init(s_bar, KVA_MLA_THREADS);
-#pragma unroll
-    for (int i = 1; i < 21; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
-    if (TMA && a.kv_tma) {
-      kva_tma_prefetch_map(&a.kv_map);
-      if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
-    }
-  }
+  if (tid == 0) mla5_init<TMA>(s_bar, 21, a);
   __syncthreads(); /* the inits are seen by every thread */
 
   /* fills of each stage, Q loads and chunks so far, CTA-uniform */
