@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Phase sums of MLA kernel v5 (a build with -DKVA_MLA_TRACE; words in
 src/cuda/mla_kernel_v5.cuh) from `KVA_DEC_TRACE=FILE kvattn bench --device
-cuda --mode mla ...`, per warpgroup, averaged over the CTAs of the last
+cuda --mode mla ...` (with KVA_MLA_KERNEL=v5: v6, the default from 128
+rows, writes no trace records), per warpgroup, averaged over the CTAs of the last
 launch: per pair of 64-key blocks, in cycles, and the share of the key
 loop each phase takes.
     python3 scripts/mla_trace.py FILE [label]"""
