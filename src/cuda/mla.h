@@ -55,17 +55,18 @@ extern "C" {
 
 /* v6 (mla_kernel_v6.cuh, 16-bit latents only): v5's 64-key blocks in two
  * stages (P over each stage's rope columns), three warpgroups; the
- * factors c per stage, max m and sum l per chunk parity, 21 mbarriers (Q;
- * stage x 9 column blocks; ready per stage) and a flag. */
+ * factors c per stage, the chunk's max m and sum l, 23 mbarriers (Q;
+ * stage x 9 column blocks; ready per stage; the chunk's l and m written,
+ * read) and a flag. */
 #define KVA_MLA6_THREADS 384
 #define KVA_MLA6_STATS (6 * KVA_MLA_BM * 4) /* c[2], m[2], l[2]: 1536 */
 #ifdef KVA_MLA_TRACE
-#define KVA_MLA6_BARS 272
+#define KVA_MLA6_BARS 288
 #else
-#define KVA_MLA6_BARS 176
+#define KVA_MLA6_BARS 192
 #endif
 #define KVA_MLA6_SMEM \
-  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223920 */
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223936 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

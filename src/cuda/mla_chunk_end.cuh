@@ -19,18 +19,16 @@
 
 /* The barrier of the threads that end a chunk (KVA_MLA_THREADS of them):
  * NB 0 is the CTA's (v2, v5); v6, whose S warpgroup stays out of the
- * chunk's end, passes a named barrier of its two O warpgroups, which they
- * also meet elsewhere in v6: not .aligned (kva_bar_sync_any), after a
+ * chunk's end, passes a named barrier of its two O warpgroups, after a
  * __syncwarp (the compiler reconverges a warp before __syncthreads, not
- * before inline asm; synccheck caught a warp split by the merge's per-row
- * loop). */
+ * before inline asm: the merge's per-row loops can leave one split). */
 template <int NB>
 static __device__ __forceinline__ void mla_end_sync(void) {
   if (NB == 0) {
     __syncthreads();
   } else {
     __syncwarp();
-    kva_bar_sync_any(NB, KVA_MLA_THREADS);
+    kva_bar_sync(NB, KVA_MLA_THREADS);
   }
 }
 

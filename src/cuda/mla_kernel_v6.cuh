@@ -19,31 +19,33 @@
  * this structure, bench/mla_v6_probe.cu, ran ~20% faster than v5 on
  * FlashMLA's compute-bound rows).
  *
- * A chunk's end: warpgroup 0 puts l and m in smem (two buffers by chunk
- * parity) and meets the O warpgroups on a barrier; they then run the chunk
- * end of v2 and v5 (mla_chunk_end.cuh) on their named barrier, load the
- * next chunk's Q and first two blocks, and warpgroup 0 waits for them on
- * the mbarriers.
- * Named barriers: 1 the O warpgroups (256 threads), 2 the chunk's stats
- * (all 384), 3 warpgroup 0 (its S over before its P overwrites the rope
- * columns that S reads). */
+ * A chunk's end: warpgroup 0 puts l and m in smem (once the O warpgroups
+ * read the previous chunk's: mbarriers stats_full / stats_empty); they then
+ * run the chunk end of v2 and v5 (mla_chunk_end.cuh) on their named
+ * barrier, load the next chunk's Q and first two blocks, and warpgroup 0
+ * waits for them on the mbarriers.
+ * Named barriers (bar.sync, each instance at one instruction): 1 the O
+ * warpgroups (256 threads), 3 warpgroup 0 (its S over before its P
+ * overwrites the rope columns that S reads). Between warpgroups' code only
+ * mbarriers: bar.sync from two code paths is outside PTX's .aligned rule
+ * (synccheck reported it), and barrier.sync there measured 2-3% slower. */
 #ifndef KVA_CUDA_MLA_KERNEL_V6_CUH
 #define KVA_CUDA_MLA_KERNEL_V6_CUH
 
 #include "cuda/mla_kernel_v5.cuh"
 
 #define KVA_MLA6_BAR_O 1
-#define KVA_MLA6_BAR_STATS 2
 #define KVA_MLA6_BAR_S 3 /* warpgroup 0 */
 #define KVA_MLA6_S_REGS 104
 #define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
 
-/* A named barrier that warps reach from different code (warpgroup 0's and
- * the O warpgroups'), so not .aligned (kva_bar_sync_any); whole warps
- * (see mla_end_sync). */
+/* A named barrier of one warpgroup or of the two O warpgroups: every
+ * instance is reached at one instruction by all its threads (bar.sync is
+ * .aligned; what crosses warpgroups' code goes through mbarriers), in
+ * whole warps (see mla_end_sync). */
 static __device__ __forceinline__ void mla6_sync(int id, int count) {
   __syncwarp();
-  kva_bar_sync_any(id, count);
+  kva_bar_sync(id, count);
 }
 
 /* The chunk of request wi of a worker's range for row tile row0; 0 when
@@ -86,14 +88,16 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const uint32_t s_st0 = s_q + KVA_MLA_QTILE;
   unsigned char *const p_st0 = p_q + KVA_MLA_QTILE;
   float *const sc = (float *)(p_st0 + 2 * TILE); /* [2 stages][64] factor c */
-  float *const sm = sc + 2 * KVA_MLA_BM;          /* [2 chunk parities][64] max m */
-  float *const sl = sm + 2 * KVA_MLA_BM;          /* [2 chunk parities][64] sum l */
+  float *const sm = sc + 2 * KVA_MLA_BM;          /* [64] the chunk's max m */
+  float *const sl = sm + 2 * KVA_MLA_BM;          /* [64] the chunk's sum l */
   /* mbarriers: Q, stage s column block k at 8 (1 + 9 s + k), ready of
-   * stage s at 8 (19 + s); then a flag */
+   * stage s at 8 (19 + s), the chunk's l and m written (21) and read (22);
+   * then a flag */
   const uint32_t s_bar = s_q + KVA_MLA_QTILE + 2 * TILE + KVA_MLA6_STATS;
-  volatile int *const flag = (volatile int *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 168);
+  const uint32_t stats_full = s_bar + 8 * 21, stats_empty = s_bar + 8 * 22;
+  volatile int *const flag = (volatile int *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 184);
 #ifdef KVA_MLA_TRACE /* v5's S helper sums phases into words here (not reported) */
-  unsigned *const mla5_tr = (unsigned *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 176);
+  unsigned *const mla5_tr = (unsigned *)(p_st0 + 2 * TILE + KVA_MLA6_STATS + 192);
 #else
   unsigned *const mla5_tr = NULL;
 #endif
@@ -107,7 +111,10 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
   if (row0 >= hdr->max_q_len * a.hq) return;
   const kva_split_work wk = a.sched[blockIdx.x];
-  if (tid == 0) mla5_init<TMA>(s_bar, 21, a);
+  if (tid == 0) {
+    mla5_init<TMA>(s_bar, 22, a);
+    kva_mbar_init(stats_empty, KVA_MLA_THREADS);
+  }
   __syncthreads(); /* the inits are seen by every thread */
 
   /* fills of each stage, Q loads and chunks so far, CTA-uniform */
@@ -156,18 +163,20 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         }
         kva_mbar_arrive(s_bar + 8 * (19 + s));
       }
-      /* the rows' sums and maxima to the O warpgroups */
+      /* the rows' sums and maxima to the O warpgroups, once they read the
+       * previous chunk's */
+      if (nchunk > 0) kva_mbar_wait(stats_empty, (uint32_t)((nchunk - 1) & 1));
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) {
         float lt = l[hf];
         lt += __shfl_xor_sync(0xffffffffu, lt, 1);
         lt += __shfl_xor_sync(0xffffffffu, lt, 2);
         if (tq == 0) {
-          sl[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf] = lt;
-          sm[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf] = m[hf];
+          sl[16 * wq + g + 8 * hf] = lt;
+          sm[16 * wq + g + 8 * hf] = m[hf];
         }
       }
-      mla6_sync(KVA_MLA6_BAR_STATS, KVA_MLA6_THREADS);
+      kva_mbar_arrive(stats_full);
       if (c.nblk > 0) {
         f0 += (c.nblk + 1) >> 1;
         f1 += c.nblk >> 1;
@@ -217,13 +226,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
     }
-    mla6_sync(KVA_MLA6_BAR_STATS, KVA_MLA6_THREADS); /* the rows' l and m */
+    kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */
     float lt[2], m[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
-      lt[hf] = sl[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
-      m[hf] = sm[(nchunk & 1) * KVA_MLA_BM + 16 * wq + g + 8 * hf];
+      lt[hf] = sl[16 * wq + g + 8 * hf];
+      m[hf] = sm[16 * wq + g + 8 * hf];
     }
+    kva_mbar_arrive(stats_empty);
     /* the stages are free until the next chunk's loads: the merge's scratch */
     mla_finish_chunk<QT, false, KVA_MLA6_BAR_O>(a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt,
                                                 c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,

@@ -614,15 +614,4 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_f16_tb(float d[12
       : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
-/* ---- MLA v6 (mla_kernel_v6.cuh) ------------------------------------------ */
-
-/* Named barrier `id` over `count` threads, not .aligned: its warps may
- * reach it from different instructions (v6's warpgroups meet at the end of
- * a chunk from their own code; bar.sync, which is barrier.sync.aligned,
- * wants one instruction for all, and compute-sanitizer's synccheck
- * reported the aligned form there). */
-static __device__ __forceinline__ void kva_bar_sync_any(int id, int count) {
-  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 #endif /* KVA_CUDA_PTX_CUH */

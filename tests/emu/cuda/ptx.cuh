@@ -64,7 +64,6 @@ static inline void kva_prefetch_l2(const void *) {}
 void kva_bulk_prefetch_l2(const void *p, unsigned bytes);
 void kva_bar_sync(int id, int count);
 void kva_bar_arrive(int id, int count);
-static inline void kva_bar_sync_any(int id, int count) { kva_bar_sync(id, count); }
 template <int N> static inline void kva_setmaxnreg_inc(void) {
   static_assert(N % 8 == 0 && N >= 24 && N <= 256, "setmaxnreg range");
 }
