@@ -306,10 +306,11 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();
   if (ver == 0) {
-    /* v6 on the compute-bound batches (H100, 2026-11-26, 4 samples ABBA:
-     * +8.5 to +10.4% over v5 on FlashMLA's 128-row rows, -4.8 to +3.5% at
-     * 256 rows); at 64 rows and below v2 (v6 streams a 64-row batch at
-     * ~0.65 of copy, v2 at 0.93-1.0) */
+    /* v6 on the compute-bound batches (H100, 2026-11-26, 4 samples ABBA,
+     * the final build: +6.9% over v5 on h128 s_q1 sk8192, +1.2 to +6.6% on
+     * the 256-row rows; docs/performance.md, "Twenty-third session"); at
+     * 64 rows and below v2 (v6 streams a 64-row batch at ~0.65 of copy, v2
+     * at 0.93-1.0) */
     ver = hq * max_q >= 2 * KVA_MLA_BM ? 6 : 2;
   }
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
