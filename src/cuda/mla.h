@@ -59,14 +59,14 @@ extern "C" {
  * stage x 9 column blocks; ready per stage; the chunk's l and m written,
  * read) and a flag. */
 #define KVA_MLA6_THREADS 384
-#define KVA_MLA6_STATS (6 * KVA_MLA_BM * 4) /* c[2], m[2], l[2]: 1536 */
+#define KVA_MLA6_STATS (4 * KVA_MLA_BM * 4) /* c[2][64], m[64], l[64]: 1024 */
 #ifdef KVA_MLA_TRACE
 #define KVA_MLA6_BARS 288
 #else
 #define KVA_MLA6_BARS 192
 #endif
 #define KVA_MLA6_SMEM \
-  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223936 */
+  (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223424 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

@@ -304,6 +304,34 @@ static __device__ __forceinline__ void mla5_store_p(unsigned char *p_dst, const 
   kva_fence_proxy_async_smem(); /* generic stores -> the other warpgroup's wgmma */
 }
 
+/* The chunk of request wi of a worker's range for row tile row0; 0 when
+ * the CTA has nothing to do there. v5; every warpgroup of v6 walks the same. */
+typedef struct mla5_chunk {
+  int r, nsplit, nt, rows, cached, split, k0, k1, nblk, tok0;
+  const int32_t *pt;
+} mla5_chunk;
+static __device__ __forceinline__ int mla5_chunk_at(const kva_mla_args &a,
+                                                    const kva_split_work &wk, int wi, int row0,
+                                                    mla5_chunk *c) {
+  const int r = a.sched_order[wi];
+  c->nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+  if (c->nsplit == 0) return 0;
+  c->nt = a.num_new[r];
+  c->rows = c->nt * a.hq;
+  if (row0 >= c->rows) return 0;
+  const int kv_len = a.cache_seqlens[r];
+  c->r = r;
+  c->cached = kv_len - c->nt;
+  const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
+  c->split = ch.split;
+  c->k0 = ch.k0;
+  c->k1 = ch.k1;
+  c->nblk = ch.k1 > ch.k0 ? (ch.k1 - ch.k0 + KVA_MLA5_BN - 1) / KVA_MLA5_BN : 0;
+  c->tok0 = a.cu_q[r];
+  c->pt = a.page_table + (size_t)r * a.hdr->page_table_stride;
+  return 1;
+}
+
 /* One thread's CTA setup (v5, v6): the mbarriers at s_bar, Q's first
  * (KVA_MLA_THREADS arrivals) and nbars - 1 of a warpgroup's 128, and the
  * TMA builds' tensor maps prefetched. */
@@ -373,18 +401,12 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   int f0 = 0, f1 = 0, nq = 0;
   unsigned trace_chunks = 0, trace_merges = 0;
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-    const int r = a.sched_order[wi]; /* positions in the schedule's order */
-    const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
-    if (nsplit == 0) continue;
-    const int nt = a.num_new[r], rows = nt * a.hq;
-    if (row0 >= rows) continue;
-    const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
-    const int split = ch.split, k0 = ch.k0, k1 = ch.k1;
-    const int nblk = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
+    mla5_chunk c; /* positions in the schedule's order */
+    if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
+    const int r = c.r, nsplit = c.nsplit, nt = c.nt, rows = c.rows, cached = c.cached;
+    const int split = c.split, k0 = c.k0, k1 = c.k1, nblk = c.nblk, tok0 = c.tok0;
     const int npairs = (nblk + 1) >> 1;
-    const int tok0 = a.cu_q[r];
-    const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
+    const int32_t *const pt = c.pt;
 
     kva_griddep_wait();
     if (trace_chunks == 0) MLA5_STAMP(1, kva_globaltimer());

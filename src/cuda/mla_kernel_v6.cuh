@@ -15,9 +15,9 @@
  * two, then each refills the stage's column blocks it was the last to
  * read (v5's split: 0..3 and 8 / 4..7) with block j + 2. So the softmax of
  * block j + 1 runs while the tensor cores do block j's P V, and no
- * warpgroup waits for another's row maxima (v5's seesaw did; a probe of
- * this structure, bench/mla_v6_probe.cu, ran ~20% faster than v5 on
- * FlashMLA's compute-bound rows).
+ * warpgroup waits for another's row maxima (v5's seesaw did). On the
+ * H100: 8.5-10.4% faster than v5 at 128 query rows as first built, 1-7%
+ * in its final form (docs/performance.md, "Twenty-third session").
  *
  * A chunk's end: warpgroup 0 puts l and m in smem (once the O warpgroups
  * read the previous chunk's: mbarriers stats_full / stats_empty); they then
@@ -48,34 +48,6 @@ static __device__ __forceinline__ void mla6_sync(int id, int count) {
   kva_bar_sync(id, count);
 }
 
-/* The chunk of request wi of a worker's range for row tile row0; 0 when
- * the CTA has nothing to do there. Every warpgroup walks the same. */
-typedef struct mla6_chunk {
-  int r, nsplit, nt, rows, cached, split, k0, k1, nblk, tok0;
-  const int32_t *pt;
-} mla6_chunk;
-static __device__ __forceinline__ int mla6_chunk_at(const kva_mla_args &a,
-                                                    const kva_split_work &wk, int wi, int row0,
-                                                    mla6_chunk *c) {
-  const int r = a.sched_order[wi];
-  c->nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
-  if (c->nsplit == 0) return 0;
-  c->nt = a.num_new[r];
-  c->rows = c->nt * a.hq;
-  if (row0 >= c->rows) return 0;
-  const int kv_len = a.cache_seqlens[r];
-  c->r = r;
-  c->cached = kv_len - c->nt;
-  const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
-  c->split = ch.split;
-  c->k0 = ch.k0;
-  c->k1 = ch.k1;
-  c->nblk = ch.k1 > ch.k0 ? (ch.k1 - ch.k0 + KVA_MLA5_BN - 1) / KVA_MLA5_BN : 0;
-  c->tok0 = a.cu_q[r];
-  c->pt = a.page_table + (size_t)r * a.hdr->page_table_stride;
-  return 1;
-}
-
 template <int QT, int TMA>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
@@ -89,7 +61,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   unsigned char *const p_st0 = p_q + KVA_MLA_QTILE;
   float *const sc = (float *)(p_st0 + 2 * TILE); /* [2 stages][64] factor c */
   float *const sm = sc + 2 * KVA_MLA_BM;          /* [64] the chunk's max m */
-  float *const sl = sm + 2 * KVA_MLA_BM;          /* [64] the chunk's sum l */
+  float *const sl = sm + KVA_MLA_BM;              /* [64] the chunk's sum l */
   /* mbarriers: Q, stage s column block k at 8 (1 + 9 s + k), ready of
    * stage s at 8 (19 + s), the chunk's l and m written (21) and read (22);
    * then a flag */
@@ -122,8 +94,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   if (wg == 0) {
     kva_setmaxnreg_dec<KVA_MLA6_S_REGS>();
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-      mla6_chunk c;
-      if (!mla6_chunk_at(a, wk, wi, row0, &c)) continue;
+      mla5_chunk c;
+      if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
       int pos[2];
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) pos[hf] = c.cached + (row0 + 16 * wq + g + 8 * hf) / a.hq;
@@ -191,8 +163,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-    mla6_chunk c;
-    if (!mla6_chunk_at(a, wk, wi, row0, &c)) continue;
+    mla5_chunk c;
+    if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
     kva_griddep_wait();
     float o[2][64];
 #pragma unroll
