@@ -303,6 +303,9 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
  * of smem, free until the caller's next barrier; scratch: free smem
  * for the merge (at least 64 x 512 floats). Stamps 4-7 of the decode
  * timeline when STAMPS. Returns 1 if this CTA merged. */
+/* A stamp of the chunk end: by thread 0 (NB 0), or by the first of the
+ * threads that end the chunk (tid 0: v6's first O thread). */
+#define MLA_END_STAMP(w, value) KVA_TRACE_STAMP_BY(NB == 0 ? threadIdx.x == 0 : tid == 0, w, value)
 template <int QT, bool STAMPS, int NB = 0>
 static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, float o[2][64],
                                                        const float lt[2], const float m[2], int r,
@@ -315,9 +318,9 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
   mla_row_scale(a, lt, m, inv, lse);
   if (known_last) {
     if (STAMPS) {
-      KVA_TRACE_STAMP(4, kva_globaltimer());
-      KVA_TRACE_STAMP(5, kva_globaltimer());
-      KVA_TRACE_STAMP(6, kva_globaltimer());
+      MLA_END_STAMP(4, kva_globaltimer());
+      MLA_END_STAMP(5, kva_globaltimer());
+      MLA_END_STAMP(6, kva_globaltimer());
     }
     mla_merge_known_last<NB>(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
                          kva_smem_u32(scratch), scratch);
@@ -325,24 +328,26 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
   mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,
                      wg, wq, g, tq);
   if (known_last) {
-    if (STAMPS) KVA_TRACE_STAMP(7, kva_globaltimer());
+    if (STAMPS) MLA_END_STAMP(7, kva_globaltimer());
     return 1;
   }
   if (nsplit == 1) return 0;
   /* Count this chunk (split_merge.cuh); the chunk that completes the count
    * merges all of them. */
   mla_end_sync<NB>(); /* the CTA's partial rows are written */
-  if (STAMPS) KVA_TRACE_STAMP(4, kva_globaltimer());
+  if (STAMPS) MLA_END_STAMP(4, kva_globaltimer());
   if (tid == 0) *flag = kva_split_arrive(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
   mla_end_sync<NB>();
   if (!*flag) return 0;
   if (STAMPS) {
-    KVA_TRACE_STAMP(5, kva_globaltimer());
-    KVA_TRACE_STAMP(6, kva_globaltimer());
+    MLA_END_STAMP(5, kva_globaltimer());
+    MLA_END_STAMP(6, kva_globaltimer());
   }
   mla_merge_rows<QT, NB>(a, r, nsplit, nt, tok0, row0, rows, tid, scratch, scratch_bytes);
-  if (STAMPS) KVA_TRACE_STAMP(7, kva_globaltimer());
+  if (STAMPS) MLA_END_STAMP(7, kva_globaltimer());
   return 1;
 }
+
+#undef MLA_END_STAMP
 
 #endif /* KVA_CUDA_MLA_CHUNK_END_CUH */

@@ -39,6 +39,17 @@
 #define KVA_MLA6_S_REGS 104
 #define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
 
+/* The decode timeline's stamps (trace.h; not in a KVA_MLA_TRACE build, whose
+ * records hold v5's phase sums): by the first O thread, which runs the
+ * chunks' ends. */
+#ifdef KVA_MLA_TRACE
+#define MLA6_STAMP(w, value) \
+  do {                       \
+  } while (0)
+#else
+#define MLA6_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
+#endif
+
 /* A named barrier of one warpgroup or of the two O warpgroups: every
  * instance is reached at one instruction by all its threads (bar.sync is
  * .aligned; what crosses warpgroups' code goes through mbarriers), in
@@ -79,9 +90,13 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int tw = tid & 127;
   const kva_plan_header *hdr = a.hdr;
   kva_griddep_launch_dependents();
-  if ((int)blockIdx.x >= hdr->num_workers) return;
+  MLA6_STAMP(0, kva_globaltimer());
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
-  if (row0 >= hdr->max_q_len * a.hq) return;
+  if ((int)blockIdx.x >= hdr->num_workers || row0 >= hdr->max_q_len * a.hq) {
+    MLA6_STAMP(8, kva_globaltimer());
+    MLA6_STAMP(9, kva_smid());
+    return;
+  }
   const kva_split_work wk = a.sched[blockIdx.x];
   if (tid == 0) {
     mla5_init<TMA>(s_bar, 22, a);
@@ -162,10 +177,12 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   kva_setmaxnreg_inc<KVA_MLA6_O_REGS>();
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
+  unsigned trace_merges = 0;
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
     mla5_chunk c;
     if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
     kva_griddep_wait();
+    if (nchunk == 0) MLA6_STAMP(1, kva_globaltimer());
     float o[2][64];
 #pragma unroll
     for (int i = 0; i < 64; i++) o[0][i] = o[1][i] = 0.0f;
@@ -198,6 +215,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
     }
+    MLA6_STAMP(3, kva_globaltimer());
     kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */
     float lt[2], m[2];
 #pragma unroll
@@ -207,9 +225,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     }
     kva_mbar_arrive(stats_empty);
     /* the stages are free until the next chunk's loads: the merge's scratch */
-    mla_finish_chunk<QT, false, KVA_MLA6_BAR_O>(a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt,
-                                                c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
-                                                (float *)p_st0, (size_t)(2 * TILE));
+    trace_merges += mla_finish_chunk<QT, MLA5_STAMPS, KVA_MLA6_BAR_O>(
+        a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt, c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
+        (float *)p_st0, (size_t)(2 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
@@ -221,6 +239,12 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     }
     nchunk++;
   }
+  MLA6_STAMP(8, kva_globaltimer());
+  MLA6_STAMP(9, kva_smid());
+  MLA6_STAMP(10, (unsigned)nchunk);
+  MLA6_STAMP(11, trace_merges);
 }
+
+#undef MLA6_STAMP
 
 #endif /* KVA_CUDA_MLA_KERNEL_V6_CUH */

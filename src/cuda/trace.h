@@ -30,12 +30,14 @@ static inline unsigned long long *kva_trace_next(long long ctas) {
 #endif
 
 #ifdef __cplusplus /* the kernels (nvcc, or g++ in the host emulators) */
-/* Word w of this CTA's record (a.trace NULL: one untaken branch). */
-#define KVA_TRACE_STAMP(w, value)                                                         \
+/* Word w of this CTA's record, written by the thread for which `first`
+ * holds (a.trace NULL: one untaken branch); KVA_TRACE_STAMP: by thread 0. */
+#define KVA_TRACE_STAMP_BY(first, w, value)                                               \
   do {                                                                                    \
-    if (a.trace && threadIdx.x == 0)                                                      \
+    if (a.trace && (first))                                                               \
       a.trace[((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_TRACE_WORDS + (w)] = (value); \
   } while (0)
+#define KVA_TRACE_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == 0, w, value)
 #endif
 
 #endif /* KVA_CUDA_TRACE_H */
