@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Build the CUDA configuration here and stage the binaries the device needs in
 # .dist/ (git-ignored), to be named in the device tool's `carry`.
-#   bash scripts/stage_device.sh [trace|mlatrace]
+#   bash scripts/stage_device.sh [trace|mlatrace|mla6timeline]
 # trace: also a CLI built with -DKVA_EXT_TRACE (build-trace/) as
 # .dist/kvattn_trace, for scripts/trace_prefill.sh; mlatrace: one built with
 # -DKVA_MLA_TRACE (build-mlatrace/) as .dist/kvattn_mlatrace, for
-# scripts/mla_trace.py.
+# scripts/mla_trace.py; mla6timeline: one built with -DKVA_MLA6_TIMELINE
+# (build-mla6tl/) as .dist/kvattn_mla6tl, whose MLA v6 writes the
+# KVA_DEC_TRACE timeline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
@@ -36,5 +38,6 @@ trace_cli() {
 case "${1:-}" in
   trace) trace_cli build-trace KVA_EXT_TRACE kvattn_trace ;;
   mlatrace) trace_cli build-mlatrace KVA_MLA_TRACE kvattn_mlatrace ;;
+  mla6timeline) trace_cli build-mla6tl KVA_MLA6_TIMELINE kvattn_mla6tl ;;
 esac
 du -sh .dist

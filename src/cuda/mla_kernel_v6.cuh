@@ -39,15 +39,19 @@
 #define KVA_MLA6_S_REGS 104
 #define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
 
-/* The decode timeline's stamps (trace.h; not in a KVA_MLA_TRACE build, whose
- * records hold v5's phase sums): by the first O thread, which runs the
- * chunks' ends. */
-#ifdef KVA_MLA_TRACE
+/* The decode timeline's stamps (trace.h), in a build with
+ * -DKVA_MLA6_TIMELINE only (e.g. scripts/variant_cli.sh . NAME
+ * -DKVA_MLA6_TIMELINE), so that the default kernel stays the measured one:
+ * by the first O thread, which runs the chunks' ends. Never with
+ * KVA_MLA_TRACE, whose records hold v5's phase sums. */
+#if defined(KVA_MLA6_TIMELINE) && !defined(KVA_MLA_TRACE)
+#define MLA6_STAMPS true
+#define MLA6_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
+#else
+#define MLA6_STAMPS false
 #define MLA6_STAMP(w, value) \
   do {                       \
   } while (0)
-#else
-#define MLA6_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
 #endif
 
 /* A named barrier of one warpgroup or of the two O warpgroups: every
@@ -91,8 +95,13 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const kva_plan_header *hdr = a.hdr;
   kva_griddep_launch_dependents();
   MLA6_STAMP(0, kva_globaltimer());
+  if ((int)blockIdx.x >= hdr->num_workers) {
+    MLA6_STAMP(8, kva_globaltimer());
+    MLA6_STAMP(9, kva_smid());
+    return;
+  }
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
-  if ((int)blockIdx.x >= hdr->num_workers || row0 >= hdr->max_q_len * a.hq) {
+  if (row0 >= hdr->max_q_len * a.hq) {
     MLA6_STAMP(8, kva_globaltimer());
     MLA6_STAMP(9, kva_smid());
     return;
@@ -225,7 +234,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     }
     kva_mbar_arrive(stats_empty);
     /* the stages are free until the next chunk's loads: the merge's scratch */
-    trace_merges += mla_finish_chunk<QT, MLA5_STAMPS, KVA_MLA6_BAR_O>(
+    trace_merges += mla_finish_chunk<QT, MLA6_STAMPS, KVA_MLA6_BAR_O>(
         a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt, c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
         (float *)p_st0, (size_t)(2 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
@@ -246,5 +255,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
 }
 
 #undef MLA6_STAMP
+#undef MLA6_STAMPS
 
 #endif /* KVA_CUDA_MLA_KERNEL_V6_CUH */
