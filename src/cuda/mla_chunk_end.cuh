@@ -295,6 +295,10 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
   }
 }
 
+/* A stamp of the chunk end, by the first of the threads that end the chunk
+ * (tid 0: thread 0 in v2 and v5, v6's first O thread). */
+#define MLA_END_STAMP(w, value) KVA_TRACE_STAMP_BY(tid == 0, w, value)
+
 /* The end of a chunk in every kernel, after the row sums lt (maxima m):
  * O, or this chunk's partial rows and its count, and the merge by the
  * chunk that completes the request. known_last (two-chunk requests,
@@ -303,9 +307,6 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
  * of smem, free until the caller's next barrier; scratch: free smem
  * for the merge (at least 64 x 512 floats). Stamps 4-7 of the decode
  * timeline when STAMPS. Returns 1 if this CTA merged. */
-/* A stamp of the chunk end: by thread 0 (NB 0), or by the first of the
- * threads that end the chunk (tid 0: v6's first O thread). */
-#define MLA_END_STAMP(w, value) KVA_TRACE_STAMP_BY(NB == 0 ? threadIdx.x == 0 : tid == 0, w, value)
 template <int QT, bool STAMPS, int NB = 0>
 static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, float o[2][64],
                                                        const float lt[2], const float m[2], int r,
