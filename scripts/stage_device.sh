@@ -11,15 +11,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
-# ptxas's C7513 and C7520 (wgmma serialized) are only info lines, and
-# cost ~25% of the prefill kernel's speed (C7513) and ~35% of MLA v5's
-# (C7520: a wait loop in one thread's branch while wgmmas were in flight,
+# ptxas's C7512, C7513 and C7520 (wgmma serialized) are only info lines,
+# and cost ~25% of the prefill kernel's speed (C7513), ~30% of MLA v9's
+# (C7512: too few registers for its setmaxnreg share, 2026-11-26) and
+# ~35% of MLA v5's (C7520: a wait loop in one thread's branch while wgmmas were in flight,
 # 2026-11-25): refuse to stage such a build
 log=$(mktemp)
 cmake --build build-cuda 2>&1 | tee "$log"
-if grep -qE "C7513|C7520" "$log"; then
-  grep -E "C7513|C7520" "$log" | head -3
-  echo "stage_device.sh: ptxas serialized wgmma (C7513/C7520) in a kernel rebuilt above; not staged" >&2
+if grep -qE "C7512|C7513|C7520" "$log"; then
+  grep -E "C7512|C7513|C7520" "$log" | head -3
+  echo "stage_device.sh: ptxas serialized wgmma (C7512/C7513/C7520) in a kernel rebuilt above; not staged" >&2
   rm -f "$log"
   exit 1
 fi

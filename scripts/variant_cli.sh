@@ -6,7 +6,7 @@
 # -> .ab/NAME/kvattn (git-ignored; name .ab in the device tool's carry),
 # then e.g. KVA_AB_BINS="base:.ab/base/kvattn NAME:.ab/NAME/kvattn"
 # bash scripts/ab_mla.sh 3. Prints v6's ptxas spill lines and any
-# serialized-wgmma warning (C7513/C7515/C7517/C7520). Needs a configured,
+# serialized-wgmma warning (C7512/C7513/C7515/C7517/C7520). Needs a configured,
 # built build-cuda (scripts/stage_device.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -20,7 +20,7 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -O3 -Xcompiler=-fPIC "$@" \
   -c "$src/src/cuda/mla.cu" -o "$t/mla.cu.o" >"$t/ptxas.log" 2>&1 || { tail -20 "$t/ptxas.log"; exit 1; }
 grep -A2 "kva_mla_kernel_v6" "$t/ptxas.log" | grep spill | sort | uniq -c || true
-grep -E "C75(13|15|17|20)" "$t/ptxas.log" | head -3 || true
+grep -E "C75(12|13|15|17|20)" "$t/ptxas.log" | head -3 || true
 # the archive member is mla.cu.o, as CMake names it
 cp "$B/libkvattn.a" "$t/libkvattn.a"
 ar r "$t/libkvattn.a" "$t/mla.cu.o" 2>/dev/null

@@ -1,15 +1,17 @@
 /* MLA decode on the CUDA backend: the plan's decode requests on a wgmma
  * kernel, which also merges the chunks of split requests; f32 Q/O, Q of
  * another 16-bit type than the pool, or unaligned Q/O run on the CUDA-core
- * kernel (simple_attention.cu). Three wgmma kernels: v2 (mla_kernel.cuh;
+ * kernel (simple_attention.cu). Four wgmma kernels: v2 (mla_kernel.cuh;
  * 32-key tiles, S split between the warpgroups; fp8 latents too), v5
  * (mla_kernel_v5.cuh; 64-key blocks in pairs, FlashMLA's seesaw in its
- * order; 16-bit latents; TMA loads on pools of whole 64-key pages) and v6
+ * order; 16-bit latents; TMA loads on pools of whole 64-key pages), v6
  * (mla_kernel_v6.cuh; v5's blocks and loads, one warpgroup making S and
- * P for two that own O). v6 runs batches of >= 128 rows (q heads x new
- * tokens: the compute-bound ones), v2 the rest; KVA_MLA_KERNEL=v2|v5|v6
- * forces one and KVA_MLA_TMA=0 keeps v5/v6 on cp.async (A/B). v5 and v6
- * are launched in clusters of two row tiles (placement only: a worker's
+ * P for two that own O) and v9 (mla_kernel_v9.cuh; v6's roles on three
+ * stages, Q's latent columns in warpgroup 0's registers). v9 runs batches
+ * of >= 128 rows (q heads x new tokens: the compute-bound ones), v2 the
+ * rest; KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
+ * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
+ * two row tiles (placement only: a worker's
  * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only
  * (max_q_tokens, num_workers), never from the batch, so the same launch
  * replays under CUDA graphs (the kernel choice is the captured batch's). */
@@ -20,6 +22,7 @@
 #include "cuda/mla_kernel.cuh"
 #include "cuda/mla_kernel_v5.cuh"
 #include "cuda/mla_kernel_v6.cuh"
+#include "cuda/mla_kernel_v9.cuh"
 
 /* Whether every SM can hold a CTA of fn (one per SM) in clusters of 2 at
  * once: else a pair would wait for a second wave. H100 at 232 KB: 66
@@ -55,26 +58,28 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaSt
   return ok;
 }
 
-/* ver: 2, 5 or 6 (5, 6: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2, 5, 6 or 9 (5, 6, 9: 16-bit latents only; the caller passes 2 for fp8) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
                              cudaStream_t s) {
   /* per kernel */
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[2][3][KVA_CUDA_OPTIN_DEVICES];
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[3][3][KVA_CUDA_OPTIN_DEVICES];
   int smem = KVA_MLA_SMEM(KV8), threads = KVA_MLA_THREADS;
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
   /* v5's and v6's instantiations: cp.async only, nine TMA boxes a block,
    * four V column blocks a box (kv_tma 0, 1, 4) */
-  void (*const v56_fn[2][3])(kva_mla_args) = {
+  void (*const v56_fn[3][3])(kva_mla_args) = {
       {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>, kva_mla_kernel_v5<QT, 4>},
-      {kva_mla_kernel_v6<QT, 0>, kva_mla_kernel_v6<QT, 1>, kva_mla_kernel_v6<QT, 4>}};
-  const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0, v6 = ver == 6;
+      {kva_mla_kernel_v6<QT, 0>, kva_mla_kernel_v6<QT, 1>, kva_mla_kernel_v6<QT, 4>},
+      {kva_mla_kernel_v9<QT, 0>, kva_mla_kernel_v9<QT, 1>, kva_mla_kernel_v9<QT, 4>}};
+  const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
+  const int v6 = ver == 6 ? 1 : ver == 9 ? 2 : 0; /* row of v56_fn */
   if (KV8) ver = 2;
-  if (ver == 5 || ver == 6) {
+  if (ver == 5 || ver == 6 || ver == 9) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
-    smem = v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
+    smem = v6 == 2 ? KVA_MLA9_SMEM : v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
     threads = v6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS;
     fn = v56_fn[v6][var];
     optin = optin_v56[v6][var];
@@ -84,7 +89,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
    * previous layer) */
   if (ver == 2) coloc = 1;
   if (coloc == 2) {
-    static int fits[2][3][KVA_CUDA_OPTIN_DEVICES];
+    static int fits[3][3][KVA_CUDA_OPTIN_DEVICES];
     coloc = mla_pairs_fit(fn, smem, threads, s, fits[v6][var]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3((unsigned)threads), (size_t)smem, s,
@@ -117,11 +122,11 @@ static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
   return sw->value;
 }
 
-/* KVA_MLA_KERNEL=v2|v5|v6 forces a kernel (A/B); 0 = by the batch's rows. */
+/* KVA_MLA_KERNEL=v2|v5|v6|v9 forces a kernel (A/B); 0 = by the batch's rows. */
 static int mla_kernel_forced(void) {
   static mla_env_switch sw;
   const int v = mla_env_int(&sw, "KVA_MLA_KERNEL", 0);
-  return v == 2 || v == 5 || v == 6 ? v : 0;
+  return v == 2 || v == 5 || v == 6 || v == 9 ? v : 0;
 }
 
 /* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
@@ -306,15 +311,17 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_kernel_forced();
   if (ver == 0) {
-    /* v6 on the compute-bound batches (H100, 2026-11-26, 4 samples ABBA,
-     * the final build: +6.9% over v5 on h128 s_q1 sk8192, +1.2 to +6.6% on
-     * the 256-row rows; docs/performance.md, "Twenty-third session"); at
-     * 64 rows and below v2 (v6 streams a 64-row batch at ~0.65 of copy, v2
-     * at 0.93-1.0) */
-    ver = hq * max_q >= 2 * KVA_MLA_BM ? 6 : 2;
+    /* v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
+     * against v6 in one binary: +4.9 to +17% on 10 of FlashMLA's 12
+     * compute-bound rows, -3.2 and -5.8% on the two 128-row varlen rows at
+     * sk 4096; docs/performance.md, "Twenty-sixth session"); at 64 rows
+     * and below v2 (v6 streams a 64-row batch at ~0.65 of copy, v2 at
+     * 0.93-1.0) */
+    ver = hq * max_q >= 2 * KVA_MLA_BM ? 9 : 2;
   }
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
-      (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)))
+      (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
+      (ver == 9 && (kv8 || KVA_MLA9_SMEM > cs->max_smem_optin)))
     ver = 2;
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */

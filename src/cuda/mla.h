@@ -68,6 +68,18 @@ extern "C" {
 #define KVA_MLA6_SMEM \
   (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223424 */
 
+/* v9 (mla_kernel_v9.cuh, 16-bit latents only): v6's roles on three
+ * stages; Q's latent columns live in warpgroup 0's registers, its rope
+ * columns in smem ([64 rows][128 B]); the factors c per stage, the
+ * chunk's max m and sum l, 38 mbarriers (stage x 9 column blocks; ready,
+ * S-issued and sliver P V over per stage; the chunk's l and m written,
+ * read) and a flag. */
+#define KVA_MLA9_ROPE (KVA_MLA_BM * 128)    /* 8192 */
+#define KVA_MLA9_STATS (5 * KVA_MLA_BM * 4) /* c[3][64], m[64], l[64]: 1280 */
+#define KVA_MLA9_BARS 320
+#define KVA_MLA9_SMEM \
+  (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS) /* 232000 */
+
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
 typedef struct kva_mla_args {

@@ -83,7 +83,7 @@ struct Warp {
 };
 static Warp warps[NTH_MAX / 32];
 /* wgmma N from the issue flags (see wg_execute) */
-static int emu_wg_n(uint32_t fl) { return (fl & 32u) ? 256 : 128 >> ((fl >> 3) & 3); }
+static int emu_wg_n(uint32_t fl) { return (fl & 256u) ? 248 : (fl & 512u) ? 8 : (fl & 32u) ? 256 : 128 >> ((fl >> 3) & 3); }
 
 /* wgmma in flight: operands are read when the group completes (wait_group),
  * and they must be unchanged since the issue (checked), like on hardware. */
@@ -669,11 +669,13 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
        * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256),
-       * bit 6 B MN-major with A from smem (ss); 73 warp in group */
+       * bit 6 B MN-major with A from smem (ss), bit 7 B K-major with A from registers,
+       * bit 8 N = 248, bit 9 N = 8; 73 warp in group */
       const uint32_t fl = op.flags;
       const int N = emu_wg_n(fl);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
-      const int tb = rs || ((fl >> 6) & 1); /* B MN-major: always with A from registers; bit 6 for ss */
+      /* B MN-major: with A from registers unless bit 7 (K-major B); bit 6 for ss */
+      const int tb = (rs && !((fl >> 7) & 1)) || ((fl >> 6) & 1);
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
         /* A registers are values at the issue (PTX registers are not reused
@@ -780,6 +782,12 @@ void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t da, uint64_t db, int scal
 void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 16u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 1u | 8u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d) { wg_issue(d, NULL, da, db, 8u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n64k16_rs_bf16(float d[32], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 1u | 2u | 8u | 128u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n64k16_rs_f16(float d[32], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 2u | 8u | 128u | (scale_d ? 4u : 0u)); }
+void kva_wgmma_m64n248k16_ss_bf16_tb(float d[124], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 64u | 256u); }
+void kva_wgmma_m64n248k16_ss_f16_tb(float d[124], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 64u | 256u); }
+void kva_wgmma_m64n8k16_ss_bf16_tb(float d[4], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 64u | 512u); }
+void kva_wgmma_m64n8k16_ss_f16_tb(float d[4], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 64u | 512u); }
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u); }
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 2u | 4u); }
 void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t db) { wg_issue(d, a, 0, db, 1u | 2u | 4u | 8u); }

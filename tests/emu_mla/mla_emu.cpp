@@ -3,7 +3,7 @@
  * h_q, 1..8 new tokens per request, varlen, page sizes, bf16/f16/fp8
  * latents, forced splits. */
 #include "emu_common.h"
-#include "cuda/mla_kernel_v6.cuh"
+#include "cuda/mla_kernel_v9.cuh"
 #include <algorithm>
 #include <vector>
 
@@ -33,6 +33,10 @@ static void body() {
     g_args.kv_tma == 4 ? kva_mla_kernel_v6<QT, 4>(g_args)
     : g_args.kv_tma    ? kva_mla_kernel_v6<QT, 1>(g_args)
                        : kva_mla_kernel_v6<QT, 0>(g_args);
+  else if (g_run_ver == 9 && !KV8)
+    g_args.kv_tma == 4 ? kva_mla_kernel_v9<QT, 4>(g_args)
+    : g_args.kv_tma    ? kva_mla_kernel_v9<QT, 1>(g_args)
+                       : kva_mla_kernel_v9<QT, 0>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -92,7 +96,8 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  emu_smem_limit = g_run_ver == 6   ? KVA_MLA6_SMEM
+  emu_smem_limit = g_run_ver == 9   ? KVA_MLA9_SMEM
+                   : g_run_ver == 6 ? KVA_MLA6_SMEM
                    : g_run_ver == 5 ? KVA_MLA5_SMEM
                                     : KVA_MLA_SMEM(c.kv8);
   /* Twice: the last chunk of a two-chunk request merging before it writes
@@ -105,7 +110,7 @@ static int run_case(const Case &c, int idx) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      emu_run_grid(fn, c.workers, g_run_ver == 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
+      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
     }
     if (emu_split_sem_dirty(sp, idx)) return 1;
     if (pass == 0) {
@@ -154,8 +159,8 @@ int main(int argc, char **argv) {
    * may then be the last, so both sides of mla_merge_known_last run */
   setenv("EMU_CTA_ORDER", "shuffle", 0);
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
-  if (g_ver != 2 && g_ver != 5 && g_ver != 6) {
-    fprintf(stderr, "EMU_MLA_KERNEL: v2, v5 or v6\n");
+  if (g_ver != 2 && g_ver != 5 && g_ver != 6 && g_ver != 9) {
+    fprintf(stderr, "EMU_MLA_KERNEL: v2, v5, v6 or v9\n");
     return 2;
   }
   printf("kernel v%d\n", g_ver);

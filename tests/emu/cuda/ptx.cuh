@@ -76,6 +76,12 @@ void kva_wgmma_m64n32k16_ss_bf16(float d[16], uint64_t da, uint64_t db, int scal
 void kva_wgmma_m64n32k16_ss_f16(float d[16], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n64k16_ss_bf16(float d[32], uint64_t da, uint64_t db, int scale_d);
 void kva_wgmma_m64n64k16_ss_f16(float d[32], uint64_t da, uint64_t db, int scale_d);
+void kva_wgmma_m64n64k16_rs_bf16(float d[32], const uint32_t a[4], uint64_t db, int scale_d);
+void kva_wgmma_m64n64k16_rs_f16(float d[32], const uint32_t a[4], uint64_t db, int scale_d);
+void kva_wgmma_m64n248k16_ss_bf16_tb(float d[124], uint64_t da, uint64_t db);
+void kva_wgmma_m64n248k16_ss_f16_tb(float d[124], uint64_t da, uint64_t db);
+void kva_wgmma_m64n8k16_ss_bf16_tb(float d[4], uint64_t da, uint64_t db);
+void kva_wgmma_m64n8k16_ss_f16_tb(float d[4], uint64_t da, uint64_t db);
 void kva_wgmma_m64n128k16_rs_bf16_tb(float d[64], const uint32_t a[4], uint64_t db);
 void kva_wgmma_m64n128k16_rs_f16_tb(float d[64], const uint32_t a[4], uint64_t db);
 void kva_wgmma_m64n64k16_rs_bf16_tb(float d[32], const uint32_t a[4], uint64_t db);
