@@ -48,16 +48,13 @@
 #include "cuda/mla_kernel_v6.cuh"
 
 /* warpgroup 0 / each O warpgroup (see the header): 200 + 2 x 152 = 3 x 168 */
-#ifndef KVA_MLA9_NOCHECK
-#define KVA_MLA9_NOCHECK 0
-#endif
 #ifndef KVA_MLA9_S_REGS
 #define KVA_MLA9_S_REGS 200
 #endif
 #ifndef KVA_MLA9_O_REGS
 #define KVA_MLA9_O_REGS 152
 #endif
-static_assert(KVA_MLA9_NOCHECK || KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zero-sum per CTA");
+static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zero-sum per CTA");
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
 #endif
