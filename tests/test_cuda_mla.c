@@ -293,6 +293,9 @@ int main(void) {
   static const int c3[] = {300, 17, 90}, f3[] = {8, 3, 5};
   static const int c2[] = {513, 40}, f2[] = {2, 2};
   static const int c5[] = {129, 0, 1000, 63, 2500}, f5[] = {2, 1, 2, 2, 1};
+  /* 128 rows on five workers: requests cut in two, so v9's merge before the
+   * write runs (the head ends its worker, the rest starts the next) */
+  static const int c8[] = {700, 1500, 300, 900, 1200, 450, 2000, 800}, f8[] = {1, 1, 1, 1, 1, 1, 1, 1};
   static int cb[32], fb[32];
   for (int i = 0; i < 32; i++) {
     cb[i] = 61 * i + (i % 7) * 150;
@@ -309,6 +312,7 @@ int main(void) {
        16, 1},
       {"h128 q1-8 bf16 p16 few workers", 16, 128, 1, 0.f, KVA_BF16, KVA_BF16, 3, c3, f3, 3, 64, 0},
       {"b32 h64 s1-2 bf16 p64", 64, 64, 1, 0.f, KVA_BF16, KVA_BF16, 32, cb, fb, 0, 0, 1},
+      {"h128 s1 bf16 p64 two-chunk cuts", 64, 128, 1, 0.f, KVA_BF16, KVA_BF16, 8, c8, f8, 5, 64, 1},
       {"f32 Q/O fallback p64 h16", 64, 16, 1, 0.f, KVA_F32, KVA_BF16, 2, c2, f2, 0, 0, 1},
       {"f32 Q/O fallback fp8 p16 h32", 16, 32, 1, 0.f, KVA_F32, KVA_FP8_E4M3, 3, c3, f3, 0, 0, 1},
       {"f16 Q on a bf16 latent (fallback)", 64, 16, 1, 0.f, KVA_F16, KVA_BF16, 2, c2, f2, 0, 0, 1},

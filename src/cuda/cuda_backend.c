@@ -142,7 +142,8 @@ static int cuda_split_overhead(const kva_context *ctx, const kva_pool *pool, int
                                int max_q_len, int block) {
   (void)ctx;
   if (pool->cfg.layout != KVA_LAYOUT_MLA) return 0;
-  return kva_cuda_mla_split_overhead(num_qo_heads, max_q_len, block);
+  return kva_cuda_mla_split_overhead(num_qo_heads, max_q_len, block,
+                                     pool->cfg.kv_dtype == KVA_FP8_E4M3);
 }
 
 static int cuda_split_costs(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,

@@ -185,8 +185,9 @@ kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *pool, int laye
 int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
 /* Blocks past a worker's share that keep an MLA request whole (split_slack). */
 int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
-/* Blocks a chunk of an MLA request costs beyond its keys (split_overhead). */
-int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block);
+/* Blocks a chunk of an MLA request costs beyond its keys (split_overhead);
+ * kv8: an fp8 latent pool. */
+int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8);
 /* What an MLA chunk's end costs the costed walk (split_costs); returns 1,
  * or 0 for batches that keep the packed walk (two or more row tiles). */
 int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block, kva_split_costs *out);

@@ -224,12 +224,20 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * chunks ended their key loops ~10 us (~3 blocks) later than workers of
  * one at the default 2. Measured with KVA_SCHED_OVERHEAD (same call, 3
  * samples): 3-4 gained 0.5-1 point of copy rate over 2 on the varlen rows
- * of 32 and 64 query rows. 2 + rows / 32: 3 up to 32 rows, 4 at 64. */
-extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block) {
-  (void)block;
-  int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
-  if (rows > KVA_MLA_BM) rows = KVA_MLA_BM;
-  return 2 + (int)((rows + 31) / 32);
+ * of 32 and 64 query rows. 2 + rows / 32: 3 up to 32 rows, 4 at 64.
+ * v9's batches (two or more row tiles of 16-bit latents) pay more a chunk
+ * (Q into registers, three stages to fill, the merge of a cut request):
+ * swept on the H100 (2026-11-27, 4 samples ABBA), the 128-row varlen rows
+ * gained 3.5-4% at 18 64-key blocks over 4 (11 and 14 in between), the
+ * 256-row ones 3-6% at 11 (18 noisier); uniform rows level. */
+extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8) {
+  const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
+  if (!kv8 && rows >= 2 * KVA_MLA_BM) {
+    const int keys = (rows >= 4 * KVA_MLA_BM ? 11 : 18) * KVA_MLA5_BN;
+    const int b = block > 0 ? block : 1;
+    return (keys + b - 1) / b;
+  }
+  return 2 + (int)(((rows < KVA_MLA_BM ? rows : KVA_MLA_BM) + 31) / 32);
 }
 
 /* The costed walk's prices (split_schedule.c), in 1/16 blocks, from a fit
@@ -302,10 +310,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.causal = params->causal != 0;
   a.l2_hints = mla_l2_hints();
   const int max_q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
-  /* the head's wait only where the costed walk planned the rest to end
-   * early (kva_cuda_mla_split_costs: fewer than two row tiles); elsewhere a
-   * rest may end after its head, which would then wait for nothing */
-  a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM ? mla_merge_wait_ns() : 0u;
   a.prefetch_keys = mla_prefetch_keys(mla_sched_rows(hq, max_q));
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
@@ -323,6 +327,11 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
       (ver == 9 && (kv8 || KVA_MLA9_SMEM > cs->max_smem_optin)))
     ver = 2;
+  /* the head's wait where the walk plans the rest to end early: the costed
+   * walk (kva_cuda_mla_split_costs: fewer than two row tiles) and v9's
+   * packed one (the head ends its worker, the rest starts the next); v5
+   * and v6 merge from global memory only */
+  a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
   a.kv_tma = ver >= 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();

@@ -1,4 +1,4 @@
-/* The end of an MLA request chunk, shared by kernels v2, v5 and v6: O written
+/* The end of an MLA request chunk, shared by kernels v2, v5, v6 and v9: O written
  * straight from the accumulators (single-chunk request) or as the chunk's
  * f32 partial rows; the CTA whose chunk of a split request finishes last
  * merges the partial rows by LSE into O (as decode_kernel.cuh does, with a
@@ -238,6 +238,25 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
 }
 
+/* Row hf of this thread's accumulators (times inv) merged with the other
+ * chunk's row at `row` (smem, f32) by the weights w0 (chunk 0) and w1
+ * (chunk 1); OWN0: this chunk is chunk 0. mla_merge_known_last's sums. */
+template <bool OWN0>
+static __device__ __forceinline__ void mla_fold_other(float o[2][64], const float *row, float w0,
+                                                      float w1, float inv, int hf) {
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      const float2 v = *(const float2 *)(row + 128 * hh + 8 * j);
+      const float own0 = o[hh][4 * j + 2 * hf] * inv, own1 = o[hh][4 * j + 2 * hf + 1] * inv;
+      o[hh][4 * j + 2 * hf] = OWN0 ? fmaf(w1, v.x, fmaf(w0, own0, 0.0f))
+                                   : fmaf(w1, own0, fmaf(w0, v.x, 0.0f));
+      o[hh][4 * j + 2 * hf + 1] = OWN0 ? fmaf(w1, v.y, fmaf(w0, own1, 0.0f))
+                                       : fmaf(w1, own1, fmaf(w0, v.y, 0.0f));
+    }
+}
+
 /* A request of two chunks merged by the chunk known to complete it
  * (kva_split_known_last) before it wrote its own partial rows: the other
  * chunk's rows of this row tile (contiguous, rows x 512 f32) come into
@@ -247,7 +266,7 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
  * merge 12 -> 5 us). The arithmetic and chunk order of mla_merge_chunks_w:
  * bitwise the same O and LSE. On return o holds the weighted sum, inv the
  * factor to O and lse the merged LSE. */
-template <int NB>
+template <int NB, bool STAMPS>
 static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &a, float o[2][64],
                                                             float inv[2], float lse[2], int r,
                                                             int split, int nt, int row0,
@@ -268,6 +287,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
   }
   kva_cp_async_wait<0>();
   mla_end_sync<NB>(); /* every thread's copies landed */
+  if (STAMPS) KVA_TRACE_STAMP_BY(tid == 0, 5, kva_globaltimer());
   mla_discard_rows(a, src, rows_here, tid);
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
@@ -278,6 +298,13 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     const float w1 = mx == -INFINITY ? 0.0f : kva_ex2((l1 - mx) * KVA_SPLIT_LOG2E);
     const float ws = w0 + w1;
     const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_DV + 256 * wg + 2 * tq;
+    if (NB != 0) { /* v9's O warpgroups (152 registers): one loop per
+                    * split, as a select of the two sums spilled */
+      if (split == 0)
+        mla_fold_other<true>(o, row, w0, w1, inv[hf], hf);
+      else
+        mla_fold_other<false>(o, row, w0, w1, inv[hf], hf);
+    } else
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
 #pragma unroll
@@ -293,6 +320,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     inv[hf] = ws > 0.0f ? 1.0f / ws : 0.0f;
     lse[hf] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
   }
+  if (STAMPS) KVA_TRACE_STAMP_BY(tid == 0, 6, kva_globaltimer());
 }
 
 /* A stamp of the chunk end, by the first of the threads that end the chunk
@@ -318,12 +346,9 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
   float inv[2], lse[2];
   mla_row_scale(a, lt, m, inv, lse);
   if (known_last) {
-    if (STAMPS) {
-      MLA_END_STAMP(4, kva_globaltimer());
-      MLA_END_STAMP(5, kva_globaltimer());
-      MLA_END_STAMP(6, kva_globaltimer());
-    }
-    mla_merge_known_last<NB>(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
+    /* 5: the other chunk's rows landed, 6: merged, 7: O written */
+    if (STAMPS) MLA_END_STAMP(4, kva_globaltimer());
+    mla_merge_known_last<NB, STAMPS>(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
                          kva_smem_u32(scratch), scratch);
   }
   mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,

@@ -37,11 +37,16 @@
  * Q), run mla_finish_chunk on their named barrier with the stages as
  * scratch, then load the next chunk's first three blocks. mbarrier
  * sliver_done (per stage) keeps a refill of column blocks 3 and 7 behind
- * warpgroup 0's sliver P V on them.
+ * warpgroup 0's sliver P V on them. The head of a two-chunk request (the
+ * end of its worker in the packed walk) waits up to merge_wait_ns for the
+ * rest to count and merges its rows before the write
+ * (mla_merge_known_last; H100, 2026-11-27: the merge from global memory
+ * had ended the varlen steps, 17 us).
  *
  * H100 (twenty-sixth session, docs/performance.md): +4.9 to +17% over v6
  * on 10 of FlashMLA's 12 compute-bound rows, 3-6% slower on the two
- * 128-row varlen rows at sk 4096. */
+ * 128-row varlen rows at sk 4096; those +7.4% with the merge before the
+ * write and v9's chunk cost (twenty-eighth session). */
 #ifndef KVA_CUDA_MLA_KERNEL_V9_CUH
 #define KVA_CUDA_MLA_KERNEL_V9_CUH
 
@@ -57,6 +62,20 @@
 static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zero-sum per CTA");
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
+#endif
+
+/* The decode timeline's stamps (trace.h) as v6's, by the first O thread,
+ * in a build with -DKVA_MLA9_TIMELINE only (scripts/stage_device.sh
+ * mla9timeline), so that the default kernel stays the measured one; word 2
+ * (v2's first tile) counts the merges before the write. */
+#if defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
+#define MLA9_STAMPS true
+#define MLA9_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
+#else
+#define MLA9_STAMPS false
+#define MLA9_STAMP(w, value) \
+  do {                       \
+  } while (0)
 #endif
 
 template <int QT>
@@ -289,9 +308,18 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int tw = tid & 127;
   const kva_plan_header *hdr = a.hdr;
   kva_griddep_launch_dependents();
-  if ((int)blockIdx.x >= hdr->num_workers) return;
+  MLA9_STAMP(0, kva_globaltimer());
+  if ((int)blockIdx.x >= hdr->num_workers) {
+    MLA9_STAMP(8, kva_globaltimer());
+    MLA9_STAMP(9, kva_smid());
+    return;
+  }
   const int row0 = (int)blockIdx.y * KVA_MLA_BM;
-  if (row0 >= hdr->max_q_len * a.hq) return;
+  if (row0 >= hdr->max_q_len * a.hq) {
+    MLA9_STAMP(8, kva_globaltimer());
+    MLA9_STAMP(9, kva_smid());
+    return;
+  }
   const kva_split_work wk = a.sched[blockIdx.x];
   if (tid == 0) {
 #pragma unroll 1
@@ -392,10 +420,12 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   mla9_setmaxnreg<KVA_MLA9_O_REGS>();
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
+  unsigned trace_merges = 0, trace_known_last = 0;
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
     mla5_chunk c;
     if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
     kva_griddep_wait();
+    if (nchunk == 0) MLA9_STAMP(1, kva_globaltimer());
     float o[2][64]; /* the last 4 (columns 248..255 of the half) come at the end */
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
@@ -440,6 +470,7 @@ mla9_fence_o124(o);
       pw ^= 1u << s;
       s = s == 2 ? 0 : s + 1;
     }
+    MLA9_STAMP(3, kva_globaltimer());
     kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */
     float lt[2], m[2];
 #pragma unroll
@@ -454,16 +485,35 @@ mla9_fence_o124(o);
         o[1][60 + e] = sliver[(h * 64 + 16 * wq + g + 8 * (e >> 1)) * 8 + 2 * tq + (e & 1)];
     }
     kva_mbar_arrive(stats_empty);
+    /* a two-chunk request whose other chunk has counted (the head waits up
+     * to merge_wait_ns for it): this chunk completes it and merges before
+     * the write, the other's rows through the stages */
+    if (c.nsplit == 2 && ct == 0)
+      *flag = c.split == 0 && a.merge_wait_ns
+                  ? kva_split_known_last_wait(a.split_sem + (size_t)c.r * a.hq + blockIdx.y, 2,
+                                              a.merge_wait_ns)
+                  : kva_split_known_last(a.split_sem + (size_t)c.r * a.hq + blockIdx.y, 2);
+    if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
+    const int known_last = c.nsplit == 2 && *flag;
+    trace_known_last += known_last;
     /* the stages are free until the next chunk's loads: the merge's scratch */
-    mla_finish_chunk<QT, false, KVA_MLA6_BAR_O>(a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt,
-                                                c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
-                                                (float *)p_st0, (size_t)(2 * TILE));
+    trace_merges += mla_finish_chunk<QT, MLA9_STAMPS, KVA_MLA6_BAR_O>(
+        a, o, lt, m, c.r, c.split, c.nsplit, known_last, c.nt, c.tok0, row0, c.rows, ct, h, wq, g,
+        tq, flag, (float *)p_st0, (size_t)(3 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
     mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     nchunk++;
   }
+  MLA9_STAMP(8, kva_globaltimer());
+  MLA9_STAMP(9, kva_smid());
+  MLA9_STAMP(10, (unsigned)nchunk);
+  MLA9_STAMP(11, trace_merges);
+  MLA9_STAMP(2, trace_known_last); /* of them merged before the write */
 }
+
+#undef MLA9_STAMP
+#undef MLA9_STAMPS
 
 #endif /* KVA_CUDA_MLA_KERNEL_V9_CUH */
