@@ -123,6 +123,44 @@ static __device__ __forceinline__ void mla5_rows(int slot[4], const int32_t *pt,
   for (int p = 0; p < 4; p++) slot[p] = mla_slot(pt, kt + (tw >> 3) + 16 * p, k1, a);
 }
 
+/* The TMA half of mla5_copy: the 64-key block whose first row is at slot
+ * (a whole block of one page, before the chunk's end) into the stage at
+ * dst. TMA 1: one box per column block, TMA 4: one per four V column
+ * blocks and one for the rope columns; the barriers' 128 arrivals from
+ * thread 0 (127 threads arriving on one word serialize). */
+template <int TMA>
+static __device__ __forceinline__ void mla5_copy_tma(uint32_t dst, uint32_t bar0, int slot, int wg,
+                                                     int tw, const kva_mla_args &a) {
+  if (TMA != 4) {
+#pragma unroll
+    for (int i = 0; i < 5; i++) {
+      if (wg && i == 4) break;
+      const int k = wg ? 4 + i : (i < 4 ? i : 8);
+      if (tw == 0) {
+        kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
+        kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
+        kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot, bar0 + 8 * k);
+      }
+    }
+  } else if (tw == 0) {
+    /* V column blocks k4 .. k4 + 3 in one box of kv_map4, on k4's
+     * barrier; the other three barriers complete at once, which is safe
+     * because every S waits for column block k4 before it reads k4 + 1 ..
+     * k4 + 3 */
+    const int k4 = wg ? 4 : 0;
+    kva_mbar_arrive_expect_tx(bar0 + 8 * k4, (uint32_t)(4 * KVA_MLA5_KBLK));
+    kva_mbar_arrive_cnt(bar0 + 8 * k4, KVA_MLA_THREADS / 2 - 1);
+    kva_tma_load_3d(dst + k4 * KVA_MLA5_KBLK, &a.kv_map4, 0, slot, k4, bar0 + 8 * k4);
+#pragma unroll
+    for (int k = k4 + 1; k < k4 + 4; k++) kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2);
+    if (!wg) { /* the rope columns */
+      kva_mbar_arrive_expect_tx(bar0 + 8 * 8, (uint32_t)KVA_MLA5_KBLK);
+      kva_mbar_arrive_cnt(bar0 + 8 * 8, KVA_MLA_THREADS / 2 - 1);
+      kva_tma_load_3d(dst + 8 * KVA_MLA5_KBLK, &a.kv_map, 64 * 8, 0, slot, bar0 + 8 * 8);
+    }
+  }
+}
+
 /* This warpgroup's column blocks (wg 0: 0..3 and 8; wg 1: 4..7) of the
  * 64-key block whose rows are at slot[] into the stage at dst (slot -1:
  * zero-filled, so masked P V stays finite), each followed by this thread's
@@ -132,40 +170,8 @@ static __device__ __forceinline__ void mla5_copy(uint32_t dst, uint32_t bar0,
                                                  const unsigned char *kv, const int slot[4], int wg,
                                                  int tw, int kt, int k1, const kva_mla_args &a) {
   static_assert(KVA_MLA5_BN == 64, "4 rows per thread");
-  /* TMA: 64 keys of one page, all before the chunk's end (thread 0's
-   * slot[0] is the block's first row); TMA 1: one box per column block,
-   * TMA 4: one per four V column blocks and one for the rope columns; the
-   * barriers' 128 arrivals from thread 0 (127 threads arriving on one word
-   * serialize) */
   if (mla5_tma_block<TMA>(a, kt, k1)) {
-    if (TMA != 4) {
-#pragma unroll
-      for (int i = 0; i < 5; i++) {
-        if (wg && i == 4) break;
-        const int k = wg ? 4 + i : (i < 4 ? i : 8);
-        if (tw == 0) {
-          kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
-          kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
-          kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot[0], bar0 + 8 * k);
-        }
-      }
-    } else if (tw == 0) {
-      /* V column blocks k4 .. k4 + 3 in one box of kv_map4, on k4's
-       * barrier; the other three barriers complete at once, which is safe
-       * because every S waits for column block k4 before it reads k4 + 1 ..
-       * k4 + 3 */
-      const int k4 = wg ? 4 : 0;
-      kva_mbar_arrive_expect_tx(bar0 + 8 * k4, (uint32_t)(4 * KVA_MLA5_KBLK));
-      kva_mbar_arrive_cnt(bar0 + 8 * k4, KVA_MLA_THREADS / 2 - 1);
-      kva_tma_load_3d(dst + k4 * KVA_MLA5_KBLK, &a.kv_map4, 0, slot[0], k4, bar0 + 8 * k4);
-#pragma unroll
-      for (int k = k4 + 1; k < k4 + 4; k++) kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2);
-      if (!wg) { /* the rope columns */
-        kva_mbar_arrive_expect_tx(bar0 + 8 * 8, (uint32_t)KVA_MLA5_KBLK);
-        kva_mbar_arrive_cnt(bar0 + 8 * 8, KVA_MLA_THREADS / 2 - 1);
-        kva_tma_load_3d(dst + 8 * KVA_MLA5_KBLK, &a.kv_map, 64 * 8, 0, slot[0], bar0 + 8 * 8);
-      }
-    }
+    mla5_copy_tma<TMA>(dst, bar0, slot[0], wg, tw, a);
     return;
   }
   const unsigned char *src[4];

@@ -34,8 +34,9 @@
  * end: warpgroup 0 puts its slivers over the rope tile and arrives on
  * stats_full; the O warpgroups take l, m and their 4 sliver accumulators,
  * arrive on stats_empty (after which warpgroup 0 loads the next chunk's
- * Q), run mla_finish_chunk on their named barrier with the stages as
- * scratch, then load the next chunk's first three blocks. mbarrier
+ * Q), issue the next chunk's first three blocks (KVA_MLA9_PRELOAD: by TMA,
+ * unless the end merges through the stages), run mla_finish_chunk on their
+ * named barrier, and otherwise load those blocks after it. mbarrier
  * sliver_done (per stage) keeps a refill of column blocks 3 and 7 behind
  * warpgroup 0's sliver P V on them. The head of a two-chunk request (the
  * end of its worker in the packed walk) waits up to merge_wait_ns for the
@@ -62,6 +63,11 @@
 static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zero-sum per CTA");
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
+#endif
+/* the next chunk's first blocks issued before this chunk's end (O, partial
+ * rows), unless the end merges through the stages */
+#ifndef KVA_MLA9_PRELOAD
+#define KVA_MLA9_PRELOAD 1
 #endif
 
 /* The decode timeline's stamps (trace.h) as v6's, by the first O thread,
@@ -272,6 +278,36 @@ static __device__ __forceinline__ void mla9_scale_o124(float o[2][64], const flo
   for (int i = 0; i < 124; i++) o[i >> 6][i & 63] *= c[(i >> 1) & 1];
 }
 
+/* The first three blocks of chunk c, each O warpgroup its column blocks. */
+template <int TMA>
+static __device__ __forceinline__ void mla9_load_first(const mla5_chunk &c, uint32_t s_st0,
+                                                       uint32_t s_bar, const unsigned char *kvg,
+                                                       const kva_mla_args &a, int h, int tw) {
+#pragma unroll
+  for (int b = 0; b < 3; b++)
+    if (b < c.nblk)
+      mla5_load<TMA>(s_st0 + b * KVA_MLA5_TILE, s_bar + 72 * b, kvg, c.pt,
+                     c.k0 + b * KVA_MLA5_BN, c.k1, a, h, tw);
+}
+
+/* The first blocks of chunk c issued ahead, at the previous chunk's end,
+ * by TMA only (thread 0 of each O warpgroup, so that the O accumulators
+ * stay in registers): when each of its first three blocks is a whole TMA
+ * block; returns 0, having issued nothing, when one is not. */
+template <int TMA>
+static __device__ __forceinline__ int mla9_preload_tma(const mla5_chunk &c, uint32_t s_st0,
+                                                       uint32_t s_bar, const kva_mla_args &a,
+                                                       int h, int tw) {
+  const int nb = c.nblk < 3 ? c.nblk : 3;
+  for (int b = 0; b < nb; b++)
+    if (!mla5_tma_block<TMA>(a, c.k0 + b * KVA_MLA5_BN, c.k1)) return 0;
+  if (tw == 0)
+    for (int b = 0; b < nb; b++)
+      mla5_copy_tma<TMA>(s_st0 + b * KVA_MLA5_TILE, s_bar + 72 * b,
+                         mla_slot(c.pt, c.k0 + b * KVA_MLA5_BN, c.k1, a), h, tw, a);
+  return nb > 0;
+}
+
 /* A warpgroup's registers from the launch's 168 (65536 / 384) to N. */
 template <int N>
 static __device__ __forceinline__ void mla9_setmaxnreg(void) {
@@ -421,6 +457,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   unsigned trace_merges = 0, trace_known_last = 0;
+  int preloaded = 0; /* this chunk's first blocks were issued at the last one's end */
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
     mla5_chunk c;
     if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
@@ -429,11 +466,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     float o[2][64]; /* the last 4 (columns 248..255 of the half) come at the end */
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
-    /* blocks 0..2, each warpgroup its column blocks */
-#pragma unroll
-    for (int b = 0; b < 3; b++)
-      if (b < c.nblk)
-        mla5_load<TMA>(s_st0 + b * TILE, s_bar + 72 * b, kvg, c.pt, c.k0 + b * BN, c.k1, a, h, tw);
+    if (!preloaded) mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw);
     int s = 0;
     for (int j = 0; j < c.nblk; j++) {
       const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
@@ -496,10 +529,21 @@ mla9_fence_o124(o);
     if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
     const int known_last = c.nsplit == 2 && *flag;
     trace_known_last += known_last;
-    /* the stages are free until the next chunk's loads: the merge's scratch */
+    preloaded = 0;
+    if (KVA_MLA9_PRELOAD && !known_last) {
+      /* the stages are free (every block of this chunk is consumed): the
+       * next chunk's first blocks now, so that warpgroup 0 can run its
+       * first S's under this chunk's end; a merge from global memory then
+       * goes item by item (no scratch) */
+      mla5_chunk nc;
+      int wn = wi + 1;
+      while (wn <= wk.end_req && !mla5_chunk_at(a, wk, wn, row0, &nc)) wn++;
+      if (wn <= wk.end_req) preloaded = mla9_preload_tma<TMA>(nc, s_st0, s_bar, a, h, tw);
+    }
+    /* the stages, unless loading already: the merge's scratch */
     trace_merges += mla_finish_chunk<QT, MLA9_STAMPS, KVA_MLA6_BAR_O>(
         a, o, lt, m, c.r, c.split, c.nsplit, known_last, c.nt, c.tok0, row0, c.rows, ct, h, wq, g,
-        tq, flag, (float *)p_st0, (size_t)(3 * TILE));
+        tq, flag, (float *)p_st0, preloaded ? (size_t)0 : (size_t)(3 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
