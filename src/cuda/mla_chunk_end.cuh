@@ -238,6 +238,17 @@ static __device__ __forceinline__ void mla_merge_rows(const kva_mla_args &a, int
     mla_merge_chunks<QT>(a, r, nsplit, nt, tok0, row0, rows_here, tid);
 }
 
+/* One thread, at the end of a chunk of a request cut in two: 1 when this
+ * chunk completes it (kva_split_known_last) and so merges before the
+ * write. The head (split 0) is planned to end last: it waits up to
+ * merge_wait_ns for the rest to count rather than fall to the merge from
+ * global memory (kva_split_known_last_wait). v2 and v9. */
+static __device__ __forceinline__ int mla_known_last(const kva_mla_args &a, int r, int split) {
+  int32_t *const sem = a.split_sem + (size_t)r * a.hq + blockIdx.y;
+  return split == 0 && a.merge_wait_ns ? kva_split_known_last_wait(sem, 2, a.merge_wait_ns)
+                                       : kva_split_known_last(sem, 2);
+}
+
 /* Row hf of this thread's accumulators (times inv) merged with the other
  * chunk's row at `row` (smem, f32) by the weights w0 (chunk 0) and w1
  * (chunk 1); OWN0: this chunk is chunk 0. mla_merge_known_last's sums. */

@@ -590,14 +590,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
     KVA_TRACE_STAMP(3, kva_globaltimer());
 
     /* ---- O (or the partial row) straight from the accumulators ---- */
-    /* the head of a cut request (split 0) is planned to end last: it waits
-     * a little for the rest to count rather than fall to the merge from
-     * global memory (kva_split_known_last_wait) */
-    if (nsplit == 2 && tid == 0)
-      *flag = split == 0 && a.merge_wait_ns
-                  ? kva_split_known_last_wait(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit,
-                                              a.merge_wait_ns)
-                  : kva_split_known_last(a.split_sem + (size_t)r * a.hq + blockIdx.y, nsplit);
+    if (nsplit == 2 && tid == 0) *flag = mla_known_last(a, r, split);
     float lt[2];
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {

@@ -518,14 +518,9 @@ mla9_fence_o124(o);
         o[1][60 + e] = sliver[(h * 64 + 16 * wq + g + 8 * (e >> 1)) * 8 + 2 * tq + (e & 1)];
     }
     kva_mbar_arrive(stats_empty);
-    /* a two-chunk request whose other chunk has counted (the head waits up
-     * to merge_wait_ns for it): this chunk completes it and merges before
-     * the write, the other's rows through the stages */
-    if (c.nsplit == 2 && ct == 0)
-      *flag = c.split == 0 && a.merge_wait_ns
-                  ? kva_split_known_last_wait(a.split_sem + (size_t)c.r * a.hq + blockIdx.y, 2,
-                                              a.merge_wait_ns)
-                  : kva_split_known_last(a.split_sem + (size_t)c.r * a.hq + blockIdx.y, 2);
+    /* a request cut in two that this chunk completes: merged before the
+     * write, the other chunk's rows through the stages */
+    if (c.nsplit == 2 && ct == 0) *flag = mla_known_last(a, c.r, c.split);
     if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
     const int known_last = c.nsplit == 2 && *flag;
     trace_known_last += known_last;
