@@ -73,12 +73,13 @@ extern "C" {
  * columns in smem ([64 rows][128 B]); the factors c per stage, the
  * chunk's max m and sum l, 38 mbarriers (stage x 9 column blocks; ready,
  * S-issued and sliver P V over per stage; the chunk's l and m written,
- * read) and a flag. */
+ * read), a flag and three records of the next chunk. */
 #define KVA_MLA9_ROPE (KVA_MLA_BM * 128)    /* 8192 */
 #define KVA_MLA9_STATS (5 * KVA_MLA_BM * 4) /* c[3][64], m[64], l[64]: 1280 */
 #define KVA_MLA9_BARS 320
+#define KVA_MLA9_NEXT_REC 192 /* [3][16] ints: the next chunk */
 #define KVA_MLA9_SMEM \
-  (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS) /* 232000 */
+  (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

@@ -33,21 +33,33 @@
  * The rows' m and l live in smem (sm, sl) through the chunk. A chunk's
  * end: warpgroup 0 puts its slivers over the rope tile and arrives on
  * stats_full; the O warpgroups take l, m and their 4 sliver accumulators,
- * arrive on stats_empty (after which warpgroup 0 loads the next chunk's
- * Q), issue the next chunk's first three blocks (KVA_MLA9_PRELOAD: by TMA,
- * unless the end merges through the stages), run mla_finish_chunk on their
- * named barrier, and otherwise load those blocks after it. mbarrier
- * sliver_done (per stage) keeps a refill of column blocks 3 and 7 behind
- * warpgroup 0's sliver P V on them. The head of a two-chunk request (the
- * end of its worker in the packed walk) waits up to merge_wait_ns for the
- * rest to count and merges its rows before the write
+ * arrive on stats_empty and run mla_finish_chunk on their named barrier.
+ * mbarrier sliver_done (per stage) keeps a refill of column blocks 3 and 7
+ * behind warpgroup 0's sliver P V on them. The head of a two-chunk request
+ * (the end of its worker in the packed walk) waits up to merge_wait_ns for
+ * the rest to count and merges its rows before the write
  * (mla_merge_known_last; H100, 2026-11-27: the merge from global memory
  * had ended the varlen steps, 17 us).
+ *
+ * Chunk to chunk (twenty-ninth session): the stages rotate across chunks,
+ * and the stages that a chunk's last three blocks free are refilled in the
+ * key loop with the next chunk's first three (from four blocks, not in a
+ * head of two, whose merge needs the stages; the end then takes the count
+ * path when it merges). Warpgroup 0 finds the next chunk at each chunk's
+ * start, under its Q loads, and leaves it in smem (mla9_find_next): the O
+ * warpgroups read its blocks there, and both sides take it as their next
+ * chunk, so no chain of global loads sits at a chunk's end. Warpgroup 0
+ * loads the next Q into registers before it waits for the O warpgroups to
+ * take the stats (only the rope tile and m, l wait for that). H100: a
+ * chunk to chunk switch went from 17.6 to 9.2 us (the old end spent 7.5
+ * us issuing three blocks after a chain of dependent loads).
  *
  * H100 (twenty-sixth session, docs/performance.md): +4.9 to +17% over v6
  * on 10 of FlashMLA's 12 compute-bound rows, 3-6% slower on the two
  * 128-row varlen rows at sk 4096; those +7.4% with the merge before the
- * write and v9's chunk cost (twenty-eighth session). */
+ * write and v9's chunk cost (twenty-eighth session); the chunk to chunk
+ * switch above +2.3 to +3.5% on the 128-row rows at sk 4096 (twenty-ninth
+ * session). */
 #ifndef KVA_CUDA_MLA_KERNEL_V9_CUH
 #define KVA_CUDA_MLA_KERNEL_V9_CUH
 
@@ -64,23 +76,49 @@ static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zer
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
 #endif
-/* the next chunk's first blocks issued before this chunk's end (O, partial
- * rows), unless the end merges through the stages */
-#ifndef KVA_MLA9_PRELOAD
-#define KVA_MLA9_PRELOAD 1
-#endif
 
 /* The decode timeline's stamps (trace.h) as v6's, by the first O thread,
  * in a build with -DKVA_MLA9_TIMELINE only (scripts/stage_device.sh
  * mla9timeline), so that the default kernel stays the measured one; word 2
  * (v2's first tile) counts the merges before the write. */
-#if defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
+#if defined(KVA_MLA9_PHASES) && !defined(KVA_MLA_TRACE) && !defined(KVA_MLA9_TIMELINE)
+/* A probe build (-DKVA_MLA9_PHASES; scripts/stage_device.sh mla9phases,
+ * scripts/mla9_phases.py): a CTA's first chunk end in detail. Words 1, 8
+ * and 9 as in the timeline; by the first O thread, in chunk 0: 2 the first
+ * P V issued, 3 the key loop's end, 4 the stats read, 5 the merge check
+ * done, 6 O (or the partial rows) written, 7 fenced, and word 0 chunk 1's
+ * first P V; by thread 0: 10 chunk 1's S(0) issued, 11 chunk 1's Q in
+ * registers. */
+#define MLA9_STAMPS false
+#define MLA9_STAMP(w, value)                                                 \
+  do {                                                                       \
+    if ((w) == 1 || (w) == 8 || (w) == 9)                                   \
+      KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value);      \
+  } while (0)
+#define MLA9_PHASE(k, w, value)                                              \
+  do {                                                                       \
+    if ((k) == 0 || ((k) == 1 && (w) == 2))                                  \
+      KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, (k) ? 0 : (w), value); \
+  } while (0)
+#define MLA9_PHASE_S(k, w, value)                                  \
+  do {                                                             \
+    if ((k) == 1) KVA_TRACE_STAMP_BY(threadIdx.x == 0, w, value); \
+  } while (0)
+#elif defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
 #define MLA9_STAMPS true
 #define MLA9_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
 #else
 #define MLA9_STAMPS false
 #define MLA9_STAMP(w, value) \
   do {                       \
+  } while (0)
+#endif
+#ifndef MLA9_PHASE
+#define MLA9_PHASE(k, w, value) \
+  do {                          \
+  } while (0)
+#define MLA9_PHASE_S(k, w, value) \
+  do {                            \
   } while (0)
 #endif
 
@@ -278,36 +316,69 @@ static __device__ __forceinline__ void mla9_scale_o124(float o[2][64], const flo
   for (int i = 0; i < 124; i++) o[i >> 6][i & 63] *= c[(i >> 1) & 1];
 }
 
-/* The first three blocks of chunk c, each O warpgroup its column blocks. */
+/* The first three blocks of chunk c into stages s0, s0 + 1, .. (mod 3),
+ * each O warpgroup its column blocks. */
 template <int TMA>
 static __device__ __forceinline__ void mla9_load_first(const mla5_chunk &c, uint32_t s_st0,
                                                        uint32_t s_bar, const unsigned char *kvg,
-                                                       const kva_mla_args &a, int h, int tw) {
+                                                       const kva_mla_args &a, int h, int tw,
+                                                       int s0) {
 #pragma unroll
-  for (int b = 0; b < 3; b++)
+  for (int b = 0; b < 3; b++) {
+    const int sb = s0 + b < 3 ? s0 + b : s0 + b - 3;
     if (b < c.nblk)
-      mla5_load<TMA>(s_st0 + b * KVA_MLA5_TILE, s_bar + 72 * b, kvg, c.pt,
+      mla5_load<TMA>(s_st0 + sb * KVA_MLA5_TILE, s_bar + 72 * sb, kvg, c.pt,
                      c.k0 + b * KVA_MLA5_BN, c.k1, a, h, tw);
+  }
 }
 
-/* The first blocks of chunk c issued ahead, at the previous chunk's end,
- * by TMA only (thread 0 of each O warpgroup, so that the O accumulators
- * stay in registers): when each of its first three blocks is a whole TMA
- * block; returns 0, having issued nothing, when one is not. */
-template <int TMA>
-static __device__ __forceinline__ int mla9_preload_tma(const mla5_chunk &c, uint32_t s_st0,
-                                                       uint32_t s_bar, const kva_mla_args &a,
-                                                       int h, int tw) {
-  const int nb = c.nblk < 3 ? c.nblk : 3;
-  for (int b = 0; b < nb; b++)
-    if (!mla5_tma_block<TMA>(a, c.k0 + b * KVA_MLA5_BN, c.k1)) return 0;
-  if (tw == 0)
-    for (int b = 0; b < nb; b++)
-      mla5_copy_tma<TMA>(s_st0 + b * KVA_MLA5_TILE, s_bar + 72 * b,
-                         mla_slot(c.pt, c.k0 + b * KVA_MLA5_BN, c.k1, a), h, tw, a);
-  return nb > 0;
+/* The next chunk of a worker (and row tile), as warpgroup 0 finds it at
+ * the start of the chunk before it: [0] whether there is one, [1] its
+ * index wi, [2..11] mla5_chunk's ints, [12..13] its page-table row. */
+enum { MLA9_REC_INTS = 16 };
+static __device__ __forceinline__ void mla9_find_next(const kva_mla_args &a,
+                                                      const kva_split_work &wk, int wi, int row0,
+                                                      volatile int *rec) {
+  mla5_chunk nc;
+  int wn = wi + 1;
+  while (wn <= wk.end_req && !mla5_chunk_at(a, wk, wn, row0, &nc)) wn++;
+  rec[0] = wn <= wk.end_req;
+  if (wn > wk.end_req) return;
+  const int v[10] = {nc.r, nc.nsplit, nc.nt, nc.rows, nc.cached, nc.split, nc.k0, nc.k1, nc.nblk, nc.tok0};
+  rec[1] = wn;
+#pragma unroll
+  for (int i = 0; i < 10; i++) rec[2 + i] = v[i];
+  *(const int32_t *volatile *)(rec + 12) = nc.pt;
 }
-
+/* The chunk in rec (mla9_find_next) into c and wi; 0 when there is none. */
+static __device__ __forceinline__ int mla9_next_chunk(const volatile int *rec, mla5_chunk *c,
+                                                      int *wi) {
+  if (!rec[0]) return 0;
+  *wi = rec[1];
+  c->r = rec[2];
+  c->nsplit = rec[3];
+  c->nt = rec[4];
+  c->rows = rec[5];
+  c->cached = rec[6];
+  c->split = rec[7];
+  c->k0 = rec[8];
+  c->k1 = rec[9];
+  c->nblk = rec[10];
+  c->tok0 = rec[11];
+  c->pt = *(const int32_t *const volatile *)(rec + 12);
+  return 1;
+}
+/* The first chunk of a worker (and row tile) at or after wi. */
+static __device__ __forceinline__ int mla9_first_chunk(const kva_mla_args &a,
+                                                       const kva_split_work &wk, int row0,
+                                                       mla5_chunk *c, int *wi) {
+  for (int w = wk.begin_req; w <= wk.end_req; w++)
+    if (mla5_chunk_at(a, wk, w, row0, c)) {
+      *wi = w;
+      return 1;
+    }
+  return 0;
+}
 /* A warpgroup's registers from the launch's 168 (65536 / 384) to N. */
 template <int N>
 static __device__ __forceinline__ void mla9_setmaxnreg(void) {
@@ -338,6 +409,11 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const uint32_t s_bar = s_st0 + 3 * TILE + KVA_MLA9_STATS;
   const uint32_t stats_full = s_bar + 8 * 30, stats_empty = s_bar + 8 * 31;
   volatile int *const flag = (volatile int *)(p_st0 + 3 * TILE + KVA_MLA9_STATS + 8 * 38);
+  /* [3][MLA9_REC_INTS]: the chunk after chunk n (mla9_find_next) at
+   * (n + 1) % 3. Three: at chunk n + 1's start warpgroup 0 has waited
+   * stats_empty of chunk n - 1 only, so it may write the one after next
+   * while the O warpgroups still read the next at chunk n's end. */
+  volatile int *const next_rec = (volatile int *)(p_st0 + 3 * TILE + KVA_MLA9_STATS + KVA_MLA9_BARS);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -372,23 +448,33 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
    * phases), CTA-uniform */
   uint32_t pw = 0;
   int nchunk = 0;
+  int s = 0; /* the stage of the next block: the stages rotate across chunks */
   if (wg == 0) {
     mla9_setmaxnreg<KVA_MLA9_S_REGS>();
     uint32_t q[32][4];
     float *const sliver = (float *)p_rope; /* [2][64 rows][8] at a chunk's end */
-    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-      mla5_chunk c;
-      if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
-      /* the O warpgroups read the previous chunk's m, l and slivers (the
-       * rope tile) */
-      if (nchunk > 0) kva_mbar_wait(stats_empty, (uint32_t)((nchunk - 1) & 1));
+    mla5_chunk c;
+    int wi;
+    for (int have = mla9_first_chunk(a, wk, row0, &c, &wi); have;
+         have = mla9_next_chunk(next_rec + MLA9_REC_INTS * (nchunk % 3), &c, &wi)) {
+      /* Q into registers (the last chunk's S's are over), then the next
+       * chunk (for the O warpgroups' refills and everyone's next turn)
+       * under Q's loads; then the rope tile, once the O warpgroups took
+       * the last chunk's m, l and slivers from it */
       if (c.nblk > 0) {
-        /* this warpgroup's S's of the last chunk are over (its last
-         * block's barrier 3): the rope tile is free */
         kva_griddep_wait();
-        mla9_issue_rope(s_rope, a, c.tok0, row0, c.rows, tw);
         mla9_load_q(q, a, c.tok0, row0, c.rows, wq, g, tq);
       }
+      if (tid == 0) mla9_find_next(a, wk, wi, row0, next_rec + MLA9_REC_INTS * ((nchunk + 1) % 3));
+      if (nchunk > 0) kva_mbar_wait(stats_empty, (uint32_t)((nchunk - 1) & 1));
+      if (c.nblk > 0) mla9_issue_rope(s_rope, a, c.tok0, row0, c.rows, tw);
+#ifdef KVA_MLA9_PHASES
+      if (c.nblk > 0 && nchunk == 1) { /* once Q's last register landed */
+        uint32_t last;
+        asm volatile("mov.b32 %0, %1;" : "=r"(last) : "r"(q[31][3]));
+        MLA9_PHASE_S(nchunk, 11, kva_globaltimer() + (last == 0x7fc00001u));
+      }
+#endif
       float osl[2][4];
 #pragma unroll
       for (int i = 0; i < 8; i++) osl[i >> 2][i & 3] = 0.0f;
@@ -404,12 +490,12 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       }
       /* the rope tile and m, l are seen by every warp */
       mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
-      int s = 0;
       for (int j = 0; j < c.nblk; j++) {
         const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
         const int fence = !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
         float sacc[32], cf[2];
         mla9_s<QT>(sacc, q, s_rope, st, bar, par, fence);
+        if (j == 0) MLA9_PHASE_S(nchunk, 10, kva_globaltimer());
         if (KVA_MLA9_ORDER) kva_mbar_arrive(s_bar + 8 * (32 + s)); /* S(j) is on the tensor cores */
         kva_wgmma_wait<0>(); /* S(j) and the sliver P V of block j - 1 */
 #pragma unroll
@@ -457,28 +543,50 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   unsigned trace_merges = 0, trace_known_last = 0;
-  int preloaded = 0; /* this chunk's first blocks were issued at the last one's end */
-  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-    mla5_chunk c;
-    if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
+  int preloaded = 0; /* this chunk's first blocks were issued in the last one's loop */
+  mla5_chunk c;
+  int wi;
+  /* the chunks after the first as warpgroup 0 found them (read after
+   * stats_full) */
+  for (int have = mla9_first_chunk(a, wk, row0, &c, &wi); have;
+       have = mla9_next_chunk(next_rec + MLA9_REC_INTS * (nchunk % 3), &c, &wi)) {
     kva_griddep_wait();
     if (nchunk == 0) MLA9_STAMP(1, kva_globaltimer());
     float o[2][64]; /* the last 4 (columns 248..255 of the half) come at the end */
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
-    if (!preloaded) mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw);
-    int s = 0;
+    if (!preloaded) mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw, s);
+    /* the stages this chunk's last three blocks free take the next chunk's
+     * first blocks (not in a head of two: its merge before the write needs
+     * them; from four blocks, so that the record is read after ready(0)) */
+    const bool xc = c.nblk >= 4 && !(c.nsplit == 2 && c.split == 0);
+    preloaded = 0;
     for (int j = 0; j < c.nblk; j++) {
       const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
       const int kt = c.k0 + j * BN;
-      const bool more = j + 3 < c.nblk;
-      int nx[4]; /* rows of block j + 3, read ahead of the wait */
-      mla5_rows<TMA>(nx, c.pt, kt + 3 * BN, more ? c.k1 : 0, a, tw);
+      /* the block to refill this stage with: j + 3, or the next chunk's
+       * j + 3 - nblk */
+      int rk = kt + 3 * BN, rk1 = c.k1;
+      const int32_t *rpt = c.pt;
+      bool more = j + 3 < c.nblk;
+      if (!more && xc) {
+        const volatile int *rc = next_rec + MLA9_REC_INTS * ((nchunk + 1) % 3);
+        const int b = j + 3 - c.nblk;
+        if (rc[0] && b < rc[10]) {
+          rk = rc[8] + b * BN;
+          rk1 = rc[9];
+          rpt = *(const int32_t *const volatile *)(rc + 12);
+          more = true;
+          preloaded = 1;
+        }
+      }
+      int nx[4]; /* rows of the refill, read ahead of the wait */
+      mla5_rows<TMA>(nx, rpt, rk, more ? rk1 : 0, a, tw);
       kva_mbar_wait(s_bar + 8 * (27 + s), par); /* P, c of block j */
       if (KVA_MLA9_ORDER) {
         /* S(j + 1) issued: ahead of this P V on the tensor cores (block
          * 0's phase is waited too: synccheck wants every phase waited) */
-        if (j == 0) kva_mbar_wait(s_bar + 8 * 32, pw & 1u);
+        if (j == 0) kva_mbar_wait(s_bar + 8 * (32 + s), par);
         if (j + 1 < c.nblk) {
           const int s1 = s == 2 ? 0 : s + 1;
           kva_mbar_wait(s_bar + 8 * (32 + s1), (pw >> s1) & 1u);
@@ -491,7 +599,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       /* V of a cp.async block landed for warpgroup 0's S: fenced for this
        * warpgroup's wgmma (P's generic stores were fenced by their writers) */
       if (!mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
-mla9_fence_o124(o);
+      mla9_fence_o124(o);
+      if (j == 0) MLA9_PHASE(nchunk, 2, kva_globaltimer());
       mla9_pv248<QT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla9_fence_o124(o);
@@ -499,11 +608,12 @@ mla9_fence_o124(o);
       /* and warpgroup 0's slivers, which read column blocks 3 and 7 (every
        * block's phase, refilled or not) */
       kva_mbar_wait(s_bar + 8 * (35 + s), (pw >> s) & 1u);
-      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 3 * BN, c.k1, a);
+      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, rk, rk1, a);
       pw ^= 1u << s;
       s = s == 2 ? 0 : s + 1;
     }
     MLA9_STAMP(3, kva_globaltimer());
+    MLA9_PHASE(nchunk, 3, kva_globaltimer());
     kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */
     float lt[2], m[2];
 #pragma unroll
@@ -518,30 +628,25 @@ mla9_fence_o124(o);
         o[1][60 + e] = sliver[(h * 64 + 16 * wq + g + 8 * (e >> 1)) * 8 + 2 * tq + (e & 1)];
     }
     kva_mbar_arrive(stats_empty);
+    MLA9_PHASE(nchunk, 4, kva_globaltimer());
     /* a request cut in two that this chunk completes: merged before the
      * write, the other chunk's rows through the stages */
-    if (c.nsplit == 2 && ct == 0) *flag = mla_known_last(a, c.r, c.split);
+    /* (the stages hold the next chunk's blocks when preloaded: then the
+     * count path, whose merge goes item by item) */
+    if (c.nsplit == 2 && ct == 0) *flag = !preloaded && mla_known_last(a, c.r, c.split);
     if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
     const int known_last = c.nsplit == 2 && *flag;
     trace_known_last += known_last;
-    preloaded = 0;
-    if (KVA_MLA9_PRELOAD && !known_last) {
-      /* the stages are free (every block of this chunk is consumed): the
-       * next chunk's first blocks now, so that warpgroup 0 can run its
-       * first S's under this chunk's end; a merge from global memory then
-       * goes item by item (no scratch) */
-      mla5_chunk nc;
-      int wn = wi + 1;
-      while (wn <= wk.end_req && !mla5_chunk_at(a, wk, wn, row0, &nc)) wn++;
-      if (wn <= wk.end_req) preloaded = mla9_preload_tma<TMA>(nc, s_st0, s_bar, a, h, tw);
-    }
+    MLA9_PHASE(nchunk, 5, kva_globaltimer());
     /* the stages, unless loading already: the merge's scratch */
     trace_merges += mla_finish_chunk<QT, MLA9_STAMPS, KVA_MLA6_BAR_O>(
         a, o, lt, m, c.r, c.split, c.nsplit, known_last, c.nt, c.tok0, row0, c.rows, ct, h, wq, g,
         tq, flag, (float *)p_st0, preloaded ? (size_t)0 : (size_t)(3 * TILE));
+    MLA9_PHASE(nchunk, 6, kva_globaltimer());
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
+    MLA9_PHASE(nchunk, 7, kva_globaltimer());
     mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     nchunk++;
   }
@@ -554,5 +659,7 @@ mla9_fence_o124(o);
 
 #undef MLA9_STAMP
 #undef MLA9_STAMPS
+#undef MLA9_PHASE
+#undef MLA9_PHASE_S
 
 #endif /* KVA_CUDA_MLA_KERNEL_V9_CUH */
