@@ -277,6 +277,11 @@ static __device__ __forceinline__ void mla_fold_other(float o[2][64], const floa
  * merge 12 -> 5 us). The arithmetic and chunk order of mla_merge_chunks_w:
  * bitwise the same O and LSE. On return o holds the weighted sum, inv the
  * factor to O and lse the merged LSE. */
+/* The other chunk's rows in smem, KVA_MLA_MERGE_ROW floats apart (512 +
+ * 8): a warp's float2 reads of eight rows then take two wavefronts, not
+ * eight as rows 2 KB apart did (64 rows: 133120 bytes, within v2's ring
+ * and v9's stages). */
+#define KVA_MLA_MERGE_ROW (KVA_MLA_DV + 8)
 template <int NB, bool STAMPS>
 static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &a, float o[2][64],
                                                             float inv[2], float lse[2], int r,
@@ -288,7 +293,8 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
   const size_t other = ((size_t)a.split_row_offset[r] + (size_t)(1 - split) * nt) * a.hq + row0;
   const float *src = a.part_o + other * KVA_MLA_DV;
   for (int i = tid; i < rows_here * (KVA_MLA_DV / 4); i += KVA_MLA_THREADS)
-    kva_cp_async_16(s_stage + 16 * i, src + 4 * i, 16);
+    kva_cp_async_16(s_stage + 4 * ((i / (KVA_MLA_DV / 4)) * KVA_MLA_MERGE_ROW + 4 * (i % (KVA_MLA_DV / 4))),
+                    src + 4 * i, 16);
   kva_cp_async_commit();
   float lo[2];
 #pragma unroll
@@ -308,7 +314,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     const float w0 = mx == -INFINITY ? 0.0f : kva_ex2((l0 - mx) * KVA_SPLIT_LOG2E);
     const float w1 = mx == -INFINITY ? 0.0f : kva_ex2((l1 - mx) * KVA_SPLIT_LOG2E);
     const float ws = w0 + w1;
-    const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_DV + 256 * wg + 2 * tq;
+    const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_MERGE_ROW + 256 * wg + 2 * tq;
     if (NB != 0) { /* v9's O warpgroups (152 registers): one loop per
                     * split, as a select of the two sums spilled */
       if (split == 0)
