@@ -52,7 +52,8 @@
  * loads the next Q into registers before it waits for the O warpgroups to
  * take the stats (only the rope tile and m, l wait for that). H100: a
  * chunk to chunk switch went from 17.6 to 9.2 us (the old end spent 7.5
- * us issuing three blocks after a chain of dependent loads).
+ * us issuing the next chunk's first three blocks, 5.9 even with their
+ * slots found beforehand).
  *
  * H100 (twenty-sixth session, docs/performance.md): +4.9 to +17% over v6
  * on 10 of FlashMLA's 12 compute-bound rows, 3-6% slower on the two
