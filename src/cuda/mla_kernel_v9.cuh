@@ -78,11 +78,14 @@ static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zer
 #define KVA_MLA9_ORDER 1
 #endif
 
+#if defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
 /* The decode timeline's stamps (trace.h) as v6's, by the first O thread,
  * in a build with -DKVA_MLA9_TIMELINE only (scripts/stage_device.sh
  * mla9timeline), so that the default kernel stays the measured one; word 2
  * (v2's first tile) counts the merges before the write. */
-#if defined(KVA_MLA9_PHASES) && !defined(KVA_MLA_TRACE) && !defined(KVA_MLA9_TIMELINE)
+#define MLA9_STAMPS true
+#define MLA9_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
+#elif defined(KVA_MLA9_PHASES) && !defined(KVA_MLA_TRACE)
 /* A probe build (-DKVA_MLA9_PHASES; scripts/stage_device.sh mla9phases,
  * scripts/mla9_phases.py): a CTA's first chunk end in detail. Words 1, 8
  * and 9 as in the timeline; by the first O thread, in chunk 0: 2 the first
@@ -105,9 +108,6 @@ static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zer
   do {                                                             \
     if ((k) == 1) KVA_TRACE_STAMP_BY(threadIdx.x == 0, w, value); \
   } while (0)
-#elif defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
-#define MLA9_STAMPS true
-#define MLA9_STAMP(w, value) KVA_TRACE_STAMP_BY(threadIdx.x == KVA_MLA_THREADS / 2, w, value)
 #else
 #define MLA9_STAMPS false
 #define MLA9_STAMP(w, value) \
@@ -631,9 +631,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mbar_arrive(stats_empty);
     MLA9_PHASE(nchunk, 4, kva_globaltimer());
     /* a request cut in two that this chunk completes: merged before the
-     * write, the other chunk's rows through the stages */
-    /* (the stages hold the next chunk's blocks when preloaded: then the
-     * count path, whose merge goes item by item) */
+     * write, the other chunk's rows through the stages, unless they hold
+     * the next chunk's blocks (preloaded: the count path, whose merge goes
+     * item by item) */
     if (c.nsplit == 2 && ct == 0) *flag = !preloaded && mla_known_last(a, c.r, c.split);
     if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
     const int known_last = c.nsplit == 2 && *flag;
