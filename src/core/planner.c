@@ -337,7 +337,8 @@ static int sched_overhead(const kva_plan *p, int max_dq) {
 /* The costed walk's prices (the backend's, with its own worker count
  * only: an explicit count gets the packed walk, as slack). KVA_SCHED_COSTED=0
  * keeps the packed walk; KVA_SCHED_COSTS="chunk/partial/merge/many/margin/
- * min_head" (1/16 blocks; min_head in blocks) overrides the prices (A/B). */
+ * min_head" (1/16 blocks; min_head in blocks) overrides the prices and takes
+ * the costed walk also where the backend keeps the packed one (A/B). */
 static int sched_costs(const kva_plan *p, int max_dq, kva_split_costs *c) {
   static int env = INT_MIN;
   static int forced = 0;
@@ -351,10 +352,11 @@ static int sched_costs(const kva_plan *p, int max_dq, kva_split_costs *c) {
   const plan_impl *pi = (const plan_impl *)p;
   const kva_backend *be = p->ctx->backend;
   if (!pi->auto_workers || !be->split_costs || max_dq <= 0) return 0;
-  if (!be->split_costs(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq, p->cfg.split_block, c))
-    return 0;
-  if (forced) *c = fc;
-  return 1;
+  if (forced) { /* also where the backend keeps the packed walk */
+    *c = fc;
+    return 1;
+  }
+  return be->split_costs(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq, p->cfg.split_block, c);
 }
 
 /* Split schedule over the decode requests and their partial rows, into

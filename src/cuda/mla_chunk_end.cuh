@@ -169,16 +169,36 @@ static __device__ __forceinline__ void mla_row_scale(const kva_mla_args &a, cons
   }
 }
 
+/* The merge before the write folded into O's stores (v9): this thread's
+ * accumulators times own_inv are weighted by w0 / w1 against the other
+ * chunk's rows at row[hf] (smem, f32) as they are stored, so the fold
+ * needs no second copy of O in registers (v9's O warpgroups run at 152:
+ * folded in place, it spilled and took 6-13 us). */
+typedef struct mla_fold {
+  float own_inv[2], w0[2], w1[2];
+  const float *row[2];
+} mla_fold;
+
+/* One element of the merge of two chunks: this chunk's value own (times
+ * its inv) and the other's v, in mla_merge_chunks_w's order (chunk 0's
+ * product first). OWN0: this chunk is chunk 0. */
+template <bool OWN0>
+static __device__ __forceinline__ float mla_fold1(float own, float v, float w0, float w1) {
+  return OWN0 ? fmaf(w1, v, fmaf(w0, own, 0.0f)) : fmaf(w1, own, fmaf(w0, v, 0.0f));
+}
+
 /* O (whole: a single-chunk request) or chunk `split`'s partial row and
  * its LSE, for this thread's two rows of the row tile (16 wq + g + 8 hf)
  * and O's columns 256 wg .. 256 wg + 255, straight from the accumulators
- * times inv. */
-template <int QT>
+ * times inv; FOLD 1 / 2 (whole only): merged with the other chunk's rows
+ * by f on the way (this chunk is chunk 0 / 1). */
+template <int QT, int FOLD = 0>
 static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, const float o[2][64],
                                                       const float inv[2], const float lse[2],
                                                       int r, int split, int whole, int nt,
                                                       int tok0, int row0, int rows, int wg,
-                                                      int wq, int g, int tq) {
+                                                      int wq, int g, int tq,
+                                                      const mla_fold *f = nullptr) {
 #pragma unroll
   for (int hf = 0; hf < 2; hf++) {
     const int grow = row0 + 16 * wq + g + 8 * hf;
@@ -198,10 +218,18 @@ static __device__ __forceinline__ void mla_store_rows(const kva_mla_args &a, con
       for (int hh = 0; hh < 2; hh++)
 #pragma unroll
         for (int jp = 0; jp < 8; jp++) {
-          const uint32_t e = mla_pack<QT>(o[hh][8 * jp + 2 * hf] * inv[hf],
-                                          o[hh][8 * jp + 2 * hf + 1] * inv[hf]); /* j = 2jp */
-          const uint32_t d = mla_pack<QT>(o[hh][8 * jp + 4 + 2 * hf] * inv[hf],
-                                          o[hh][8 * jp + 4 + 2 * hf + 1] * inv[hf]); /* 2jp+1 */
+          float x[4] = {o[hh][8 * jp + 2 * hf], o[hh][8 * jp + 2 * hf + 1], /* j = 2jp */
+                        o[hh][8 * jp + 4 + 2 * hf], o[hh][8 * jp + 4 + 2 * hf + 1]}; /* 2jp+1 */
+          if (FOLD) {
+            const float2 ve = *(const float2 *)(f->row[hf] + 128 * hh + 16 * jp);
+            const float2 vd = *(const float2 *)(f->row[hf] + 128 * hh + 16 * jp + 8);
+            const float v[4] = {ve.x, ve.y, vd.x, vd.y};
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+              x[k] = mla_fold1<FOLD == 1>(x[k] * f->own_inv[hf], v[k], f->w0[hf], f->w1[hf]);
+          }
+          const uint32_t e = mla_pack<QT>(x[0] * inv[hf], x[1] * inv[hf]);
+          const uint32_t d = mla_pack<QT>(x[2] * inv[hf], x[3] * inv[hf]);
           const uint32_t got = (uint32_t)__shfl_xor_sync(0xffffffffu, (int)(odd ? e : d), 1);
           if (live)
             *(uint2 *)(dst + 128 * hh + 16 * jp + col) =
@@ -249,25 +277,6 @@ static __device__ __forceinline__ int mla_known_last(const kva_mla_args &a, int 
                                        : kva_split_known_last(sem, 2);
 }
 
-/* Row hf of this thread's accumulators (times inv) merged with the other
- * chunk's row at `row` (smem, f32) by the weights w0 (chunk 0) and w1
- * (chunk 1); OWN0: this chunk is chunk 0. mla_merge_known_last's sums. */
-template <bool OWN0>
-static __device__ __forceinline__ void mla_fold_other(float o[2][64], const float *row, float w0,
-                                                      float w1, float inv, int hf) {
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      const float2 v = *(const float2 *)(row + 128 * hh + 8 * j);
-      const float own0 = o[hh][4 * j + 2 * hf] * inv, own1 = o[hh][4 * j + 2 * hf + 1] * inv;
-      o[hh][4 * j + 2 * hf] = OWN0 ? fmaf(w1, v.x, fmaf(w0, own0, 0.0f))
-                                   : fmaf(w1, own0, fmaf(w0, v.x, 0.0f));
-      o[hh][4 * j + 2 * hf + 1] = OWN0 ? fmaf(w1, v.y, fmaf(w0, own1, 0.0f))
-                                       : fmaf(w1, own1, fmaf(w0, v.y, 0.0f));
-    }
-}
-
 /* A request of two chunks merged by the chunk known to complete it
  * (kva_split_known_last) before it wrote its own partial rows: the other
  * chunk's rows of this row tile (contiguous, rows x 512 f32) come into
@@ -275,7 +284,8 @@ static __device__ __forceinline__ void mla_fold_other(float o[2][64], const floa
  * thread then merges them into its accumulators. No partial write, no
  * count and no read-back of the CTA's own rows (H100, 64 rows: median
  * merge 12 -> 5 us). The arithmetic and chunk order of mla_merge_chunks_w:
- * bitwise the same O and LSE. On return o holds the weighted sum, inv the
+ * bitwise the same O and LSE. On return o holds the weighted sum (NB 0;
+ * else o is as it was and f says how mla_store_rows folds it), inv the
  * factor to O and lse the merged LSE. */
 /* The other chunk's rows in smem, KVA_MLA_MERGE_ROW floats apart (512 +
  * 8): a warp's float2 reads of eight rows then take two wavefronts, not
@@ -288,7 +298,7 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
                                                             int split, int nt, int row0,
                                                             int rows, int tid, int wg, int wq,
                                                             int g, int tq, uint32_t s_stage,
-                                                            const float *stage) {
+                                                            const float *stage, mla_fold *f) {
   const int rows_here = rows - row0 < KVA_MLA_BM ? rows - row0 : KVA_MLA_BM;
   const size_t other = ((size_t)a.split_row_offset[r] + (size_t)(1 - split) * nt) * a.hq + row0;
   const float *src = a.part_o + other * KVA_MLA_DV;
@@ -315,12 +325,11 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     const float w1 = mx == -INFINITY ? 0.0f : kva_ex2((l1 - mx) * KVA_SPLIT_LOG2E);
     const float ws = w0 + w1;
     const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_MERGE_ROW + 256 * wg + 2 * tq;
-    if (NB != 0) { /* v9's O warpgroups (152 registers): one loop per
-                    * split, as a select of the two sums spilled */
-      if (split == 0)
-        mla_fold_other<true>(o, row, w0, w1, inv[hf], hf);
-      else
-        mla_fold_other<false>(o, row, w0, w1, inv[hf], hf);
+    if (NB != 0) { /* v9: folded by the stores (mla_fold) */
+      f->own_inv[hf] = inv[hf];
+      f->w0[hf] = w0;
+      f->w1[hf] = w1;
+      f->row[hf] = row;
     } else
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
@@ -362,14 +371,23 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
                                                        size_t scratch_bytes) {
   float inv[2], lse[2];
   mla_row_scale(a, lt, m, inv, lse);
+  mla_fold f; /* v9's merge before the write, for its stores */
   if (known_last) {
-    /* 5: the other chunk's rows landed, 6: merged, 7: O written */
+    /* 5: the other chunk's rows landed, 6: merged (v9: weighed; the fold
+     * is in the stores), 7: O written */
     if (STAMPS) MLA_END_STAMP(4, kva_globaltimer());
     mla_merge_known_last<NB, STAMPS>(a, o, inv, lse, r, split, nt, row0, rows, tid, wg, wq, g, tq,
-                         kva_smem_u32(scratch), scratch);
+                                     kva_smem_u32(scratch), scratch, &f);
   }
-  mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,
-                     wg, wq, g, tq);
+  if (NB != 0 && known_last) { /* one store loop per split: a select of the two sums spilled */
+    if (split == 0)
+      mla_store_rows<QT, 1>(a, o, inv, lse, r, split, 1, nt, tok0, row0, rows, wg, wq, g, tq, &f);
+    else
+      mla_store_rows<QT, 2>(a, o, inv, lse, r, split, 1, nt, tok0, row0, rows, wg, wq, g, tq, &f);
+  } else {
+    mla_store_rows<QT>(a, o, inv, lse, r, split, nsplit == 1 || known_last, nt, tok0, row0, rows,
+                       wg, wq, g, tq);
+  }
   if (known_last) {
     if (STAMPS) MLA_END_STAMP(7, kva_globaltimer());
     return 1;
