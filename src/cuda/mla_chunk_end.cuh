@@ -338,10 +338,10 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
         const float2 v = *(const float2 *)(row + 128 * hh + 8 * j);
         const float own0 = o[hh][4 * j + 2 * hf] * inv[hf];
         const float own1 = o[hh][4 * j + 2 * hf + 1] * inv[hf];
-        o[hh][4 * j + 2 * hf] = split == 0 ? fmaf(w1, v.x, fmaf(w0, own0, 0.0f))
-                                           : fmaf(w1, own0, fmaf(w0, v.x, 0.0f));
-        o[hh][4 * j + 2 * hf + 1] = split == 0 ? fmaf(w1, v.y, fmaf(w0, own1, 0.0f))
-                                               : fmaf(w1, own1, fmaf(w0, v.y, 0.0f));
+        o[hh][4 * j + 2 * hf] = split == 0 ? mla_fold1<true>(own0, v.x, w0, w1)
+                                           : mla_fold1<false>(own0, v.x, w0, w1);
+        o[hh][4 * j + 2 * hf + 1] = split == 0 ? mla_fold1<true>(own1, v.y, w0, w1)
+                                               : mla_fold1<false>(own1, v.y, w0, w1);
       }
     inv[hf] = ws > 0.0f ? 1.0f / ws : 0.0f;
     lse[hf] = ws > 0.0f ? mx + logf(ws) : -INFINITY;
