@@ -371,7 +371,8 @@ static __device__ __forceinline__ int mla9_next_chunk(const volatile int *rec, m
   c->pt = *(const int32_t *const volatile *)(rec + 12);
   return 1;
 }
-/* The first chunk of a worker (and row tile) at or after wi. */
+/* The first chunk of a worker (and row tile): into c and wi; 0 when it
+ * has none (mla9_find_next's search, from the worker's start). */
 static __device__ __forceinline__ int mla9_first_chunk(const kva_mla_args &a,
                                                        const kva_split_work &wk, int row0,
                                                        mla5_chunk *c, int *wi) {
