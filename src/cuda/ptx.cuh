@@ -664,4 +664,30 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_f16_tb(float d[12
       : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
+/* ---- bulk stores (bench/o_store.cu) -------------------------------------- */
+
+/* A 1-D bulk copy of `bytes` (a multiple of 16) from smem at src to global
+ * dst, in this thread's current bulk group (generic smem writes before it
+ * need kva_fence_proxy_async_smem). */
+static __device__ __forceinline__ void kva_bulk_store(void *dst, uint32_t src, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+static __device__ __forceinline__ void kva_bulk_commit(void) {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* Until this thread's bulk groups have read their smem (it may be reused). */
+static __device__ __forceinline__ void kva_bulk_wait_read(void) {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+/* Until this thread's bulk groups are complete. */
+static __device__ __forceinline__ void kva_bulk_wait(void) {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+/* mbarrier inits visible to the async proxy (before TMA completes on them). */
+static __device__ __forceinline__ void kva_fence_mbar_init(void) {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
 #endif /* KVA_CUDA_PTX_CUH */
