@@ -40,7 +40,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
   if (lane == 0)
     for (int s = 0; s < STAGES; s++) kva_mbar_init(bars + 8 * s, 1);
   __syncwarp();
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  kva_fence_mbar_init();
   __syncwarp();
   if (boxes == 3) kva_cluster_sync(); /* both CTAs' barriers are set up */
   const int rank = blockIdx.x & 1;

@@ -664,7 +664,7 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_f16_tb(float d[12
       : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
-/* ---- bulk stores (bench/o_store.cu) -------------------------------------- */
+/* ---- bulk stores, the mbarrier-init fence (bench/ probes) ---------------- */
 
 /* A 1-D bulk copy of `bytes` (a multiple of 16) from smem at src to global
  * dst, in this thread's current bulk group (generic smem writes before it
