@@ -7,9 +7,9 @@
  * order; 16-bit latents; TMA loads on pools of whole 64-key pages), v6
  * (mla_kernel_v6.cuh; v5's blocks and loads, one warpgroup making S and
  * P for two that own O) and v9 (mla_kernel_v9.cuh; v6's roles on three
- * stages, Q's latent columns in warpgroup 0's registers). v9 runs batches
- * of >= 128 rows (q heads x new tokens: the compute-bound ones), v2 the
- * rest; KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
+ * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
+ * through byte stages). v9 runs batches of >= 128 rows (q heads x new
+ * tokens: the compute-bound ones), 16-bit or fp8 latents, v2 the rest; KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
  * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only
@@ -58,7 +58,7 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaSt
   return ok;
 }
 
-/* ver: 2, 5, 6 or 9 (5, 6, 9: 16-bit latents only; the caller passes 2 for fp8) */
+/* ver: 2, 5, 6 or 9 (5, 6: 16-bit latents only; fp8 runs v2 or v9) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
                              cudaStream_t s) {
@@ -72,10 +72,12 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
   void (*const v56_fn[3][3])(kva_mla_args) = {
       {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>, kva_mla_kernel_v5<QT, 4>},
       {kva_mla_kernel_v6<QT, 0>, kva_mla_kernel_v6<QT, 1>, kva_mla_kernel_v6<QT, 4>},
-      {kva_mla_kernel_v9<QT, 0>, kva_mla_kernel_v9<QT, 1>, kva_mla_kernel_v9<QT, 4>}};
+      {KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 0>,
+       KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 1>,
+       KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 4>}};
   const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
   const int v6 = ver == 6 ? 1 : ver == 9 ? 2 : 0; /* row of v56_fn */
-  if (KV8) ver = 2;
+  if (KV8 && ver != 9) ver = 2;
   if (ver == 5 || ver == 6 || ver == 9) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
@@ -225,14 +227,15 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * one at the default 2. Measured with KVA_SCHED_OVERHEAD (same call, 3
  * samples): 3-4 gained 0.5-1 point of copy rate over 2 on the varlen rows
  * of 32 and 64 query rows. 2 + rows / 32: 3 up to 32 rows, 4 at 64.
- * v9's batches (two or more row tiles of 16-bit latents) pay more a chunk
+ * v9's batches (two or more row tiles, any latents) pay more a chunk
  * (Q into registers, three stages to fill, the merge of a cut request):
  * swept on the H100 (2026-11-27, 4 samples ABBA), the 128-row varlen rows
  * gained 3.5-4% at 18 64-key blocks over 4 (11 and 14 in between), the
  * 256-row ones 3-6% at 11 (18 noisier); uniform rows level. */
 extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
-  if (!kv8 && rows >= 2 * KVA_MLA_BM) {
+  (void)kv8; /* fp8 latents run v9 too */
+  if (rows >= 2 * KVA_MLA_BM) {
     const int keys = (rows >= 4 * KVA_MLA_BM ? 11 : 18) * KVA_MLA5_BN;
     const int b = block > 0 ? block : 1;
     return (keys + b - 1) / b;
@@ -322,10 +325,13 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
      * and below v2 (v6 streams a 64-row batch at ~0.65 of copy, v2 at
      * 0.93-1.0) */
     ver = hq * max_q >= 2 * KVA_MLA_BM ? 9 : 2;
+    /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
+     * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows, 30-40% slower
+     * than v2 at 16-64 (docs/performance.md, "Thirty-second session") */
   }
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
-      (ver == 9 && (kv8 || KVA_MLA9_SMEM > cs->max_smem_optin)))
+      (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin))
     ver = 2;
   /* the head's wait where the walk plans the rest to end early: the costed
    * walk (kva_cuda_mla_split_costs: fewer than two row tiles) and v9's
@@ -334,7 +340,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
-  a.kv_tma = ver >= 5 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
+  a.kv_tma = ver >= 5 && !kv8 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
   if (a.kv_tma) {
     /* Four V column blocks per box (kv_tma 4): one SM alone takes a 72 KB
      * block as one box of its nine column blocks at ~93 bytes/cycle on the

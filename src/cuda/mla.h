@@ -68,7 +68,7 @@ extern "C" {
 #define KVA_MLA6_SMEM \
   (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA6_STATS + KVA_MLA6_BARS) /* 223424 */
 
-/* v9 (mla_kernel_v9.cuh, 16-bit latents only): v6's roles on three
+/* v9 (mla_kernel_v9.cuh; fp8 latents on two stages, mla9_fp8.cuh): v6's roles on three
  * stages; Q's latent columns live in warpgroup 0's registers, its rope
  * columns in smem ([64 rows][128 B]); the factors c per stage, the
  * chunk's max m and sum l, 38 mbarriers (stage x 9 column blocks; ready,
@@ -78,6 +78,9 @@ extern "C" {
 #define KVA_MLA9_STATS (5 * KVA_MLA_BM * 4) /* c[3][64], m[64], l[64]: 1280 */
 #define KVA_MLA9_BARS 320
 #define KVA_MLA9_NEXT_REC 192 /* [3][16] ints: the next chunk */
+/* fp8 latents: two 16-bit stages, and two byte stages of a 64-key block
+ * in the third one's smem (the same total) */
+#define KVA_MLA9_TILE8 (KVA_MLA5_BN * KVA_MLA_D) /* 36864 */
 #define KVA_MLA9_SMEM \
   (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 

@@ -172,21 +172,20 @@ static __device__ __forceinline__ void mla_fp8_step(unsigned char *p_kv, uint32_
  * normals after the shift); the shift is undone in the logits'
  * multiplier. NaN stays NaN. */
 #define KVA_MLA_FP8_Q_SHIFT 8
-static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
+/* one bf16x2 word of Q -> f16x2 (as above) */
+static __device__ __forceinline__ uint32_t mla_q_f16x2(uint32_t w) {
   const float sc = 1.0f / (float)(1 << KVA_MLA_FP8_Q_SHIFT), big = 65504.0f;
+  const float lo = __uint_as_float(w << 16) * sc;
+  const float hi = __uint_as_float(w & 0xffff0000u) * sc;
+  /* saturate; NaN stays NaN */
+  return kva_pack_f16x2(fabsf(lo) > big ? copysignf(big, lo) : lo,
+                        fabsf(hi) > big ? copysignf(big, hi) : hi);
+}
+static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
 #pragma unroll 2
   for (int i = tid; i < KVA_MLA_QTILE / 16; i += KVA_MLA_THREADS) {
     uint4 *const p = (uint4 *)q + i;
-    uint32_t w[4] = {p->x, p->y, p->z, p->w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-      const float lo = __uint_as_float(w[k] << 16) * sc;
-      const float hi = __uint_as_float(w[k] & 0xffff0000u) * sc;
-      /* saturate; NaN stays NaN */
-      w[k] = kva_pack_f16x2(fabsf(lo) > big ? copysignf(big, lo) : lo,
-                            fabsf(hi) > big ? copysignf(big, hi) : hi);
-    }
-    *p = make_uint4(w[0], w[1], w[2], w[3]);
+    *p = make_uint4(mla_q_f16x2(p->x), mla_q_f16x2(p->y), mla_q_f16x2(p->z), mla_q_f16x2(p->w));
   }
 }
 

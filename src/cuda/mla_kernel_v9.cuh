@@ -1,5 +1,7 @@
 /* MLA decode v9: v6's roles (one warpgroup makes S and P, two own O) on
- * three 72 KB stages instead of two. 16-bit latents only; v5's grid,
+ * three 72 KB stages instead of two; fp8 latents (KV8) on two, with
+ * their bytes in the third's smem and converted by the O warpgroups
+ * (mla9_fp8.cuh). v5's grid,
  * arguments, split walk, 64-key blocks and loads (mla5_rows / mla5_copy:
  * TMA or cp.async), partial rows, in-kernel merge, causal mask, LSE and
  * PDL; 384 threads.
@@ -67,6 +69,7 @@
 #define KVA_CUDA_MLA_KERNEL_V9_CUH
 
 #include "cuda/mla_kernel_v6.cuh"
+#include "cuda/mla9_fp8.cuh"
 
 /* warpgroup 0 / each O warpgroup (see the header): 200 + 2 x 152 = 3 x 168 */
 #ifndef KVA_MLA9_S_REGS
@@ -78,6 +81,13 @@
 static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zero-sum per CTA");
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
+#endif
+/* KV8: 1 converts block j + 1 while P V(j) runs (S(j + 1) then follows
+ * P V(j) on the tensor cores, so the conversion is off their path and the
+ * softmax is on it); 0 converts block j + 2 after P V(j) with S(j + 1)
+ * ahead of P V(j) (KVA_MLA9_ORDER's order). */
+#ifndef KVA_MLA9_F8_ORDER
+#define KVA_MLA9_F8_ORDER 0
 #endif
 
 #if defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
@@ -206,7 +216,9 @@ static __device__ __forceinline__ void mla9_s(float s[32], const uint32_t q[32][
  * the causal positions are computed only on a masked block; the rows'
  * running max m and sum l (quad-reduced each block) live in smem (sm, sl),
  * not in registers, through S. */
-template <int QT>
+/* QS: Q was converted to f16 times 2^-KVA_MLA_FP8_Q_SHIFT (fp8 latents) */
+#define MLA9_QK_MUL(a, QS) ((QS) ? (a).qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : (a).qk_mul)
+template <int QT, int QS = 0>
 static __device__ __forceinline__ void mla9_softmax_store(float s[32], float *sm, float *sl,
                                                           float c[2], int kt, int k1, int cached,
                                                           int row0, const kva_mla_args &a,
@@ -223,7 +235,7 @@ static __device__ __forceinline__ void mla9_softmax_store(float s[32], float *sm
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int key = kt + 8 * j + 2 * tq + (e & 1);
-        float x = s[4 * j + e] * a.qk_mul;
+        float x = s[4 * j + e] * MLA9_QK_MUL(a, QS);
         if (key >= k1 || (a.causal && key > pos[e >> 1])) x = -INFINITY;
         s[4 * j + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
@@ -233,7 +245,7 @@ static __device__ __forceinline__ void mla9_softmax_store(float s[32], float *sm
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        const float x = s[4 * j + e] * a.qk_mul;
+        const float x = s[4 * j + e] * MLA9_QK_MUL(a, QS);
         s[4 * j + e] = x;
         mx[e >> 1] = fmaxf(mx[e >> 1], x);
       }
@@ -392,11 +404,20 @@ static __device__ __forceinline__ void mla9_setmaxnreg(void) {
     kva_setmaxnreg_dec<N>();
 }
 
-template <int QT, int TMA>
+/* KV8: fp8 latents (above), cp.async only, on f16 tensor cores whatever
+ * Q's type (a bf16 Q converted as v2's, mla_q_f16x2), in two 16-bit
+ * stages. */
+template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v9(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
+  constexpr int NS = KV8 ? 2 : 3;           /* 16-bit stages */
+  constexpr int MT = KV8 ? KVA_F16 : QT;    /* the tensor cores' type */
+  constexpr bool F8PV = KV8 && KVA_MLA9_F8_ORDER; /* block j + 1 converted under P V(j) */
+  constexpr bool ORDER = KVA_MLA9_ORDER && !F8PV; /* S(j + 1) ahead of P V(j) */
+  static_assert(!KV8 || TMA == 0, "fp8 latents come by cp.async");
   static_assert(KVA_MLA9_SMEM <= 232448, "227 KB of smem per CTA");
+  static_assert(2 * KVA_MLA9_TILE8 == TILE, "KV8's byte stages fill the third stage");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_rope = (s_raw + 1023u) & ~1023u; /* swizzle atoms are 1024-byte aligned */
@@ -440,7 +461,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int i = 0; i < 38; i++) /* stats_empty: both O warpgroups */
-      kva_mbar_init(s_bar + 8 * i, i == 31 ? KVA_MLA_THREADS : KVA_MLA_THREADS / 2);
+      kva_mbar_init(s_bar + 8 * i, i == 31 || (KV8 && i >= 18 && i < 22) ? KVA_MLA_THREADS
+                                                                           : KVA_MLA_THREADS / 2);
     if (TMA && a.kv_tma) {
       kva_tma_prefetch_map(&a.kv_map);
       if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
@@ -468,6 +490,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       if (c.nblk > 0) {
         kva_griddep_wait();
         mla9_load_q(q, a, c.tok0, row0, c.rows, wq, g, tq);
+        if (MT != QT)
+#pragma unroll
+          for (int i = 0; i < 128; i++) q[i >> 2][i & 3] = mla_q_f16x2(q[i >> 2][i & 3]);
       }
       if (tid == 0) mla9_find_next(a, wk, wi, row0, next_rec + MLA9_REC_INTS * ((nchunk + 1) % 3));
       if (nchunk > 0) kva_mbar_wait(stats_empty, (uint32_t)((nchunk - 1) & 1));
@@ -490,27 +515,30 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         }
       if (c.nblk > 0) {
         kva_cp_async_wait_all();
+        if (MT != QT) mla9_rope_to_f16(p_rope, tw);
         kva_fence_proxy_async_smem(); /* the rope tile -> wgmma */
       }
       /* the rope tile and m, l are seen by every warp */
       mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
       for (int j = 0; j < c.nblk; j++) {
         const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
-        const int fence = !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
+        /* a cp.async block's landing is fenced here; KV8's converters
+         * fence their own stores before they arrive */
+        const int fence = !KV8 && !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
         float sacc[32], cf[2];
-        mla9_s<QT>(sacc, q, s_rope, st, bar, par, fence);
+        mla9_s<MT>(sacc, q, s_rope, st, bar, par, fence);
         if (j == 0) MLA9_PHASE_S(nchunk, 10, kva_globaltimer());
-        if (KVA_MLA9_ORDER) kva_mbar_arrive(s_bar + 8 * (32 + s)); /* S(j) is on the tensor cores */
+        if (ORDER) kva_mbar_arrive(s_bar + 8 * (32 + s)); /* S(j) is on the tensor cores */
         kva_wgmma_wait<0>(); /* S(j) and the sliver P V of block j - 1 */
 #pragma unroll
         for (int i = 0; i < 32; i++) kva_reg_fence_f32(&sacc[i]);
 #pragma unroll
         for (int i = 0; i < 8; i++) kva_reg_fence_f32(&osl[i >> 2][i & 3]);
-        if (j > 0) kva_mbar_arrive(s_bar + 8 * (35 + (s == 0 ? 2 : s - 1)));
+        if (j > 0) kva_mbar_arrive(s_bar + 8 * (35 + (s == 0 ? NS - 1 : s - 1)));
         /* every warp's S is over before any warp's P goes over the rope
          * columns of K that it reads */
         mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
-        mla9_softmax_store<QT>(sacc, sm, sl, cf, c.k0 + j * BN, c.k1, c.cached, row0, a,
+        mla9_softmax_store<MT, MT != QT>(sacc, sm, sl, cf, c.k0 + j * BN, c.k1, c.cached, row0, a,
                                p_st0 + s * TILE + 8 * KB, wq, g, tq);
         if (tq == 0) {
           sc[s * KVA_MLA_BM + 16 * wq + g] = cf[0];
@@ -522,14 +550,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 8; i++) osl[i >> 2][i & 3] *= cf[(i >> 1) & 1];
         mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
-        mla9_pv_sliver<QT>(osl, st + 8 * KB, st);
+        mla9_pv_sliver<MT>(osl, st + 8 * KB, st);
         pw ^= 1u << s;
-        s = s == 2 ? 0 : s + 1;
+        s = s == NS - 1 ? 0 : s + 1;
       }
       kva_wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 8; i++) kva_reg_fence_f32(&osl[i >> 2][i & 3]);
-      if (c.nblk > 0) kva_mbar_arrive(s_bar + 8 * (35 + (s == 0 ? 2 : s - 1)));
+      if (c.nblk > 0) kva_mbar_arrive(s_bar + 8 * (35 + (s == 0 ? NS - 1 : s - 1)));
       /* the slivers over the rope tile (its last S is over) */
 #pragma unroll
       for (int i = 0; i < 8; i++)
@@ -559,11 +587,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     float o[2][64]; /* the last 4 (columns 248..255 of the half) come at the end */
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
-    if (!preloaded) mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw, s);
+    if (KV8)
+      mla9_load_first_f8(c, p_st0, s_st0, s_bar, pw, kvg, a, h, tw, s, F8PV ? 1 : 2);
+    else if (!preloaded)
+      mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw, s);
     /* the stages this chunk's last three blocks free take the next chunk's
      * first blocks (not in a head of two: its merge before the write needs
      * them; from four blocks, so that the record is read after ready(0)) */
-    const bool xc = c.nblk >= 4 && !(c.nsplit == 2 && c.split == 0);
+    const bool xc = !KV8 && c.nblk >= 4 && !(c.nsplit == 2 && c.split == 0);
     preloaded = 0;
     for (int j = 0; j < c.nblk; j++) {
       const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
@@ -585,14 +616,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         }
       }
       int nx[4]; /* rows of the refill, read ahead of the wait */
-      mla5_rows<TMA>(nx, rpt, rk, more ? rk1 : 0, a, tw);
+      if (!KV8) mla5_rows<TMA>(nx, rpt, rk, more ? rk1 : 0, a, tw);
       kva_mbar_wait(s_bar + 8 * (27 + s), par); /* P, c of block j */
-      if (KVA_MLA9_ORDER) {
+      if (ORDER) {
         /* S(j + 1) issued: ahead of this P V on the tensor cores (block
          * 0's phase is waited too: synccheck wants every phase waited) */
         if (j == 0) kva_mbar_wait(s_bar + 8 * (32 + s), par);
         if (j + 1 < c.nblk) {
-          const int s1 = s == 2 ? 0 : s + 1;
+          const int s1 = s == NS - 1 ? 0 : s + 1;
           kva_mbar_wait(s_bar + 8 * (32 + s1), (pw >> s1) & 1u);
         }
       }
@@ -602,19 +633,38 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       if (__any_sync(0xffffffffu, cf[0] != 1.0f || cf[1] != 1.0f)) mla9_scale_o124(o, cf);
       /* V of a cp.async block landed for warpgroup 0's S: fenced for this
        * warpgroup's wgmma (P's generic stores were fenced by their writers) */
-      if (!mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
+      if (!KV8 && !mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
       mla9_fence_o124(o);
       if (j == 0) MLA9_PHASE(nchunk, 2, kva_globaltimer());
-      mla9_pv248<QT>(o, st + 8 * KB, st, h);
+      mla9_pv248<MT>(o, st + 8 * KB, st, h);
+      if (F8PV && j + 1 < c.nblk) {
+        /* block j + 1 into the other stage (block j - 1's: its P V's and
+         * slivers are over) while P V(j) runs; its byte stage takes j + 3 */
+        const int s1 = s ^ 1;
+        const uint32_t p1 = (pw >> s1) & 1u;
+        mla9_take_f8(p_st0, s_bar, s1, p1, kt + BN, c.k1, h, tw);
+        if (j + 3 < c.nblk)
+          mla9_fill_f8(s_st0, s_bar, s1, p1 ^ 1u, kvg, c.pt, kt + 3 * BN, c.k1, a, ct);
+      }
       kva_wgmma_wait<0>();
       mla9_fence_o124(o);
       mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       /* and warpgroup 0's slivers, which read column blocks 3 and 7 (every
        * block's phase, refilled or not) */
       kva_mbar_wait(s_bar + 8 * (35 + s), (pw >> s) & 1u);
-      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, rk, rk1, a);
+      if (KV8) {
+        /* (KVA_MLA9_F8_ORDER 0) block j + 2 into this stage (its byte
+         * stage's next phase), whose byte stage then takes block j + 4 */
+        if (!F8PV && j + 2 < c.nblk) {
+          mla9_take_f8(p_st0, s_bar, s, par ^ 1u, kt + 2 * BN, c.k1, h, tw);
+          if (j + 4 < c.nblk)
+            mla9_fill_f8(s_st0, s_bar, s, par, kvg, c.pt, kt + 4 * BN, c.k1, a, ct);
+        }
+      } else if (more) {
+        mla5_copy<TMA>(st, bar, kvg, nx, h, tw, rk, rk1, a);
+      }
       pw ^= 1u << s;
-      s = s == 2 ? 0 : s + 1;
+      s = s == NS - 1 ? 0 : s + 1;
     }
     MLA9_STAMP(3, kva_globaltimer());
     MLA9_PHASE(nchunk, 3, kva_globaltimer());
@@ -649,7 +699,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     MLA9_PHASE(nchunk, 6, kva_globaltimer());
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
-    if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
+    if ((TMA && a.kv_tma) || KV8) kva_fence_proxy_async_smem();
     MLA9_PHASE(nchunk, 7, kva_globaltimer());
     mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     nchunk++;
@@ -661,6 +711,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   MLA9_STAMP(2, trace_known_last); /* of them merged before the write */
 }
 
+#undef MLA9_QK_MUL
 #undef MLA9_STAMP
 #undef MLA9_STAMPS
 #undef MLA9_PHASE

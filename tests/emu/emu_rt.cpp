@@ -355,10 +355,12 @@ struct TmaOp {
   uint32_t dst, bar;
   EmuMap m;
   int c[3];
+  const unsigned char *bulk; /* a 1-D bulk copy (kva_bulk_load) of bulk_bytes, else a box */
+  uint32_t bulk_bytes;
 };
 static std::vector<TmaOp> tma_q;
 void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar) {
-  TmaOp op;
+  TmaOp op = {};
   memcpy(&op.m, map, sizeof op.m);
   op.dst = dst;
   op.bar = bar;
@@ -372,9 +374,31 @@ void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint
   for (uint32_t a = dst; a < dst + bytes; a += 16) chunk_stamp[a / 16] = 0; /* async proxy */
   tma_q.push_back(op);
 }
+/* 1-D bulk copy: 16-byte aligned ends and size; lands as a box does */
+void kva_bulk_load(uint32_t dst, const void *src, unsigned bytes, uint32_t bar) {
+  if ((dst & 15) || ((uintptr_t)src & 15) || (bytes & 15) || bytes == 0) {
+    fprintf(stderr, "bulk copy: misaligned (smem %u, %u bytes)\n", dst, bytes);
+    abort();
+  }
+  check_smem(dst, (int)bytes);
+  mbar_of(bar);
+  TmaOp op = {};
+  op.dst = dst;
+  op.bar = bar;
+  op.bulk = (const unsigned char *)src;
+  op.bulk_bytes = bytes;
+  memset(smem + dst, 0xff, bytes); /* garbage until it lands */
+  for (uint32_t a = dst; a < dst + bytes; a += 16) chunk_stamp[a / 16] = 0; /* async proxy */
+  tma_q.push_back(op);
+}
 static void tma_land(size_t i) {
   const TmaOp op = tma_q[i];
   tma_q.erase(tma_q.begin() + (long)i);
+  if (op.bulk) {
+    memcpy(smem + op.dst, op.bulk, op.bulk_bytes);
+    mbar_complete_tx(op.bar, (long)op.bulk_bytes);
+    return;
+  }
   const EmuMap &m = op.m;
   for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
     for (uint32_t i1 = 0; i1 < m.box[1]; i1++) {

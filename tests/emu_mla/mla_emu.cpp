@@ -19,8 +19,9 @@ void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
   g_prefetch_bytes += bytes;
 }
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v5|v6: the kernel (default v2); v5 and v6
- * run 16-bit latents, fp8 cases stay on v2 (as mla.cu dispatches) */
+/* EMU_MLA_KERNEL=v2|v5|v6|v9: the kernel (default v2); v5 and v6 run
+ * 16-bit latents, fp8 cases stay on v2 there (as mla.cu dispatches); v9
+ * runs fp8 latents too */
 static int g_ver = 2, g_run_ver = 2;
 template <int QT, int KV8>
 static void body() {
@@ -37,6 +38,8 @@ static void body() {
     g_args.kv_tma == 4 ? kva_mla_kernel_v9<QT, 4>(g_args)
     : g_args.kv_tma    ? kva_mla_kernel_v9<QT, 1>(g_args)
                        : kva_mla_kernel_v9<QT, 0>(g_args);
+  else if (g_run_ver == 9)
+    kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -78,7 +81,8 @@ static int run_case(const Case &c, int idx) {
   a.causal = c.causal;
   a.l2_hints = (int)(rnd() % 8); /* policies are no-ops here; the code paths run; bit 2's
                                     discard writes NaN over merged partial rows */
-  g_run_ver = g_ver >= 5 && c.kv8 ? 2 : g_ver;
+  /* fp8 latents: v2, or v9's byte stages */
+  g_run_ver = g_ver >= 5 && g_ver != 9 && c.kv8 ? 2 : g_ver;
   /* the prefetch (mla.cu sets 128 keys at <= 32 rows): none, short, long */
   static const int pre_keys[4] = {0, 16, 128, 5000};
   a.prefetch_keys = pre_keys[rnd() % 4];
@@ -87,7 +91,7 @@ static int run_case(const Case &c, int idx) {
   g_prefetch_bytes = g_prefetch_bad = 0;
   /* v5's and v6's TMA blocks (as mla.cu: pages of whole 64-key runs),
    * mostly on; nine boxes a block (kv_tma 1) or four V column blocks a box (4) */
-  a.kv_tma = g_run_ver >= 5 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
+  a.kv_tma = g_run_ver >= 5 && !c.kv8 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
   if (a.kv_tma) {
     const int four = rnd() % 2;
     a.kv_tma = kva_mla5_kv_maps(&a, e.k, (uint64_t)l.num_pages * c.ps, four);

@@ -56,6 +56,7 @@ void kva_cp_async_wait_all(void);
  * complete their bytes on the mbarrier (async proxy: no fence needed) */
 void kva_mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes);
 void kva_tma_load_3d(uint32_t dst, const void *map, int c0, int c1, int c2, uint32_t bar);
+void kva_bulk_load(uint32_t dst, const void *src, unsigned bytes, uint32_t bar);
 static inline void kva_tma_prefetch_map(const void *) {}
 static inline void kva_tma_prefetch_l2_3d(const void *, int, int, int) {}
 static inline void kva_prefetch_l2(const void *) {}
