@@ -85,7 +85,8 @@ static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zer
 /* KV8: 1 converts block j + 1 while P V(j) runs (S(j + 1) then follows
  * P V(j) on the tensor cores, so the conversion is off their path and the
  * softmax is on it); 0 converts block j + 2 after P V(j) with S(j + 1)
- * ahead of P V(j) (KVA_MLA9_ORDER's order). */
+ * ahead of P V(j) (KVA_MLA9_ORDER's order). H100, 2026-11-27: 1 is 6-7%
+ * slower on FlashMLA's fp8 rows of 128 and 256 query rows. */
 #ifndef KVA_MLA9_F8_ORDER
 #define KVA_MLA9_F8_ORDER 0
 #endif
@@ -404,9 +405,9 @@ static __device__ __forceinline__ void mla9_setmaxnreg(void) {
     kva_setmaxnreg_dec<N>();
 }
 
-/* KV8: fp8 latents (above), cp.async only, on f16 tensor cores whatever
- * Q's type (a bf16 Q converted as v2's, mla_q_f16x2), in two 16-bit
- * stages. */
+/* KV8: fp8 latents (mla9_fp8.cuh; TMA 0: their bulk copies need no
+ * tensor map), on f16 tensor cores whatever Q's type (a bf16 Q converted
+ * as v2's, mla_q_f16x2), in two 16-bit stages. */
 template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v9(const __grid_constant__ kva_mla_args a) {
@@ -415,7 +416,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   constexpr int MT = KV8 ? KVA_F16 : QT;    /* the tensor cores' type */
   constexpr bool F8PV = KV8 && KVA_MLA9_F8_ORDER; /* block j + 1 converted under P V(j) */
   constexpr bool ORDER = KVA_MLA9_ORDER && !F8PV; /* S(j + 1) ahead of P V(j) */
-  static_assert(!KV8 || TMA == 0, "fp8 latents come by cp.async");
+  static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
   static_assert(KVA_MLA9_SMEM <= 232448, "227 KB of smem per CTA");
   static_assert(2 * KVA_MLA9_TILE8 == TILE, "KV8's byte stages fill the third stage");
   extern __shared__ __align__(1024) unsigned char smem[];
