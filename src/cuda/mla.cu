@@ -231,12 +231,15 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * (Q into registers, three stages to fill, the merge of a cut request):
  * swept on the H100 (2026-11-27, 4 samples ABBA), the 128-row varlen rows
  * gained 3.5-4% at 18 64-key blocks over 4 (11 and 14 in between), the
- * 256-row ones 3-6% at 11 (18 noisier); uniform rows level. */
+ * 256-row ones 3-6% at 11 (18 noisier); uniform rows level. fp8 latents
+ * (v9 too) take 2.8 us a block against 1.65, so a chunk is fewer of them:
+ * at 128 rows 6 measured +5% on the two varlen rows at sk 8192 and
+ * -0.3..-0.7% on three others (H100, 2026-11-27, 3 samples ABBA); at 256
+ * rows 6 was level with 11. */
 extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
-  (void)kv8; /* fp8 latents run v9 too */
   if (rows >= 2 * KVA_MLA_BM) {
-    const int keys = (rows >= 4 * KVA_MLA_BM ? 11 : 18) * KVA_MLA5_BN;
+    const int keys = (rows >= 4 * KVA_MLA_BM ? 11 : kv8 ? 6 : 18) * KVA_MLA5_BN;
     const int b = block > 0 ? block : 1;
     return (keys + b - 1) / b;
   }
