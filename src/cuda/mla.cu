@@ -9,7 +9,8 @@
  * P for two that own O) and v9 (mla_kernel_v9.cuh; v6's roles on three
  * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
  * through byte stages). v9 runs batches of >= 128 rows (q heads x new
- * tokens: the compute-bound ones), 16-bit or fp8 latents, v2 the rest; KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
+ * tokens: the compute-bound ones), 16-bit or fp8 latents, v2 the rest;
+ * KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
  * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only

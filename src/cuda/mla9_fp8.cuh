@@ -66,10 +66,8 @@ static __device__ __forceinline__ void mla9_convert_f8(unsigned char *p_st,
     if (live) x = *(const uint4 *)(src + 32 * i + 256 * rope);
     unsigned char *const d = dst + ((i >> 1) + 4 * rope) * KVA_MLA5_KBLK;
     const int xs = i & 1 ? x1 : x0;
-    *(uint4 *)(d + xs) = make_uint4(mla_e4m3x2<KVA_F16>(x.x), mla_e4m3x2<KVA_F16>(x.x >> 16),
-                                    mla_e4m3x2<KVA_F16>(x.y), mla_e4m3x2<KVA_F16>(x.y >> 16));
-    *(uint4 *)(d + (xs ^ 16)) = make_uint4(mla_e4m3x2<KVA_F16>(x.z), mla_e4m3x2<KVA_F16>(x.z >> 16),
-                                           mla_e4m3x2<KVA_F16>(x.w), mla_e4m3x2<KVA_F16>(x.w >> 16));
+    *(uint4 *)(d + xs) = mla_e4m3x8<KVA_F16>(x.x, x.y);
+    *(uint4 *)(d + (xs ^ 16)) = mla_e4m3x8<KVA_F16>(x.z, x.w);
   }
   kva_mbar_arrive(empty); /* this thread's reads of the byte stage are over */
   kva_fence_proxy_async_smem(); /* generic stores -> warpgroup 0's wgmma */
@@ -79,9 +77,12 @@ static __device__ __forceinline__ void mla9_convert_f8(unsigned char *p_st,
     kva_mbar_arrive(bar + 8 * (h ? 4 + k : k < 4 ? k : 8));
   }
 }
-/* KV8 byte stage f's mbarriers: stage 2's unused column-block ones */
-#define MLA9_F8_FULL(s_bar, f) ((s_bar) + 8 * (18 + (f)))
-#define MLA9_F8_EMPTY(s_bar, f) ((s_bar) + 8 * (20 + (f)))
+/* KV8 byte stage f's mbarriers: stage 2's unused column-block ones, full
+ * at MLA9_F8_BAR + f and empty at MLA9_F8_BAR + 2 + f (the kernel inits
+ * the four with 256 arrivals) */
+#define MLA9_F8_BAR 18
+#define MLA9_F8_FULL(s_bar, f) ((s_bar) + 8 * (MLA9_F8_BAR + (f)))
+#define MLA9_F8_EMPTY(s_bar, f) ((s_bar) + 8 * (MLA9_F8_BAR + 2 + (f)))
 /* KV8: a fill of byte stage sb (parity par of its phases) with the block
  * at kt, once the last fill's conversion is over (a fresh barrier passes
  * parity 1: the stage's first fill waits for nothing). */
@@ -100,16 +101,16 @@ static __device__ __forceinline__ void mla9_take_f8(unsigned char *p_st0, uint32
   mla9_convert_f8(p_st0 + sb * KVA_MLA5_TILE, p_st0 + 2 * KVA_MLA5_TILE + sb * KVA_MLA9_TILE8,
                   s_bar + 72 * sb, MLA9_F8_EMPTY(s_bar, sb), k1 - kt, h, tw);
 }
-/* KV8: the first two blocks of chunk c into byte stages s0 and s0 ^ 1, the
- * first `ahead` of them converted into their 16-bit stages and their byte
- * stages refilled with blocks 2 (and 3), as after each conversion in the
- * key loop; pw: the stages' parities. */
+/* KV8: the first two blocks of chunk c into byte stages s0 and s0 ^ 1,
+ * converted into their 16-bit stages, and the byte stages refilled with
+ * blocks 2 and 3, as after each conversion in the key loop; pw: the
+ * stages' parities. */
 static __device__ __forceinline__ void mla9_load_first_f8(const mla5_chunk &c,
                                                           unsigned char *p_st0, uint32_t s_st0,
                                                           uint32_t s_bar, uint32_t pw,
                                                           const unsigned char *kvg,
                                                           const kva_mla_args &a, int h, int tw,
-                                                          int s0, int ahead) {
+                                                          int s0) {
   const int ct = 128 * h + tw;
 #pragma unroll
   for (int b = 0; b < 2; b++)
@@ -120,7 +121,7 @@ static __device__ __forceinline__ void mla9_load_first_f8(const mla5_chunk &c,
   for (int b = 0; b < 2; b++) {
     const int sb = s0 ^ b;
     const uint32_t par = (pw >> sb) & 1u;
-    if (b < ahead && b < c.nblk) {
+    if (b < c.nblk) {
       mla9_take_f8(p_st0, s_bar, sb, par, c.k0 + b * KVA_MLA5_BN, c.k1, h, tw);
       if (b + 2 < c.nblk)
         mla9_fill_f8(s_st0, s_bar, sb, par ^ 1u, kvg, c.pt, c.k0 + (b + 2) * KVA_MLA5_BN, c.k1, a,
@@ -132,10 +133,8 @@ static __device__ __forceinline__ void mla9_load_first_f8(const mla5_chunk &c,
  * (mla9_issue_rope) -> f16 times 2^-KVA_MLA_FP8_Q_SHIFT, in place. */
 static __device__ __forceinline__ void mla9_rope_to_f16(unsigned char *p_rope, int tw) {
 #pragma unroll
-  for (int p = 0; p < 4; p++) {
-    uint4 *const x = (uint4 *)(p_rope + mla_sw<KVA_MLA_BM>((tw >> 3) + 16 * p, tw & 7));
-    *x = make_uint4(mla_q_f16x2(x->x), mla_q_f16x2(x->y), mla_q_f16x2(x->z), mla_q_f16x2(x->w));
-  }
+  for (int p = 0; p < 4; p++)
+    mla_q_f16x8((uint4 *)(p_rope + mla_sw<KVA_MLA_BM>((tw >> 3) + 16 * p, tw & 7)));
 }
 
 #undef MLA9_F8_FULL

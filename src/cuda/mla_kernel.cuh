@@ -121,6 +121,13 @@ static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
                        : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
 }
 
+/* Eight e4m3 (the bytes of x, then of y) -> eight QT values (16 bytes). */
+template <int QT>
+static __device__ __forceinline__ uint4 mla_e4m3x8(uint32_t x, uint32_t y) {
+  return make_uint4(mla_e4m3x2<QT>(x), mla_e4m3x2<QT>(x >> 16), mla_e4m3x2<QT>(y),
+                    mla_e4m3x2<QT>(y >> 16));
+}
+
 /* This thread's chunks of an fp8 byte tile [32][576] (the ones its
  * mla_issue_row copied: row tid / 8, chunks (tid % 8) + 8 i) -> the 16-bit
  * swizzled tile (type QT): 16 bytes in, two 16-byte chunks out. Only its
@@ -135,12 +142,8 @@ static __device__ __forceinline__ void mla_convert_own(unsigned char *tile,
     const int c8 = (tid & 7) + 8 * i;
     if (c8 >= KVA_MLA_D / 16) break;
     const uint4 x = *(const uint4 *)(st8 + row * KVA_MLA_D + c8 * 16);
-    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8)) =
-        make_uint4(mla_e4m3x2<QT>(x.x), mla_e4m3x2<QT>(x.x >> 16), mla_e4m3x2<QT>(x.y),
-                   mla_e4m3x2<QT>(x.y >> 16));
-    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8 + 1)) =
-        make_uint4(mla_e4m3x2<QT>(x.z), mla_e4m3x2<QT>(x.z >> 16), mla_e4m3x2<QT>(x.w),
-                   mla_e4m3x2<QT>(x.w >> 16));
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8)) = mla_e4m3x8<QT>(x.x, x.y);
+    *(uint4 *)(tile + mla_sw<KVA_MLA_BN>(row, 2 * c8 + 1)) = mla_e4m3x8<QT>(x.z, x.w);
   }
 }
 
@@ -181,12 +184,13 @@ static __device__ __forceinline__ uint32_t mla_q_f16x2(uint32_t w) {
   return kva_pack_f16x2(fabsf(lo) > big ? copysignf(big, lo) : lo,
                         fabsf(hi) > big ? copysignf(big, hi) : hi);
 }
+/* 16 bytes of a bf16 Q -> f16 (mla_q_f16x2), in place */
+static __device__ __forceinline__ void mla_q_f16x8(uint4 *p) {
+  *p = make_uint4(mla_q_f16x2(p->x), mla_q_f16x2(p->y), mla_q_f16x2(p->z), mla_q_f16x2(p->w));
+}
 static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
 #pragma unroll 2
-  for (int i = tid; i < KVA_MLA_QTILE / 16; i += KVA_MLA_THREADS) {
-    uint4 *const p = (uint4 *)q + i;
-    *p = make_uint4(mla_q_f16x2(p->x), mla_q_f16x2(p->y), mla_q_f16x2(p->z), mla_q_f16x2(p->w));
-  }
+  for (int i = tid; i < KVA_MLA_QTILE / 16; i += KVA_MLA_THREADS) mla_q_f16x8((uint4 *)q + i);
 }
 
 template <int QT>

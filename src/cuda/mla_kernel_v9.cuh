@@ -82,14 +82,6 @@ static_assert(KVA_MLA9_S_REGS + 2 * KVA_MLA9_O_REGS <= 3 * 168, "setmaxnreg: zer
 #ifndef KVA_MLA9_ORDER
 #define KVA_MLA9_ORDER 1
 #endif
-/* KV8: 1 converts block j + 1 while P V(j) runs (S(j + 1) then follows
- * P V(j) on the tensor cores, so the conversion is off their path and the
- * softmax is on it); 0 converts block j + 2 after P V(j) with S(j + 1)
- * ahead of P V(j) (KVA_MLA9_ORDER's order). H100, 2026-11-27: 1 is 6-7%
- * slower on FlashMLA's fp8 rows of 128 and 256 query rows. */
-#ifndef KVA_MLA9_F8_ORDER
-#define KVA_MLA9_F8_ORDER 0
-#endif
 
 #if defined(KVA_MLA9_TIMELINE) && !defined(KVA_MLA_TRACE)
 /* The decode timeline's stamps (trace.h) as v6's, by the first O thread,
@@ -414,8 +406,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
   constexpr int NS = KV8 ? 2 : 3;           /* 16-bit stages */
   constexpr int MT = KV8 ? KVA_F16 : QT;    /* the tensor cores' type */
-  constexpr bool F8PV = KV8 && KVA_MLA9_F8_ORDER; /* block j + 1 converted under P V(j) */
-  constexpr bool ORDER = KVA_MLA9_ORDER && !F8PV; /* S(j + 1) ahead of P V(j) */
   static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
   static_assert(KVA_MLA9_SMEM <= 232448, "227 KB of smem per CTA");
   static_assert(2 * KVA_MLA9_TILE8 == TILE, "KV8's byte stages fill the third stage");
@@ -462,8 +452,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int i = 0; i < 38; i++) /* stats_empty: both O warpgroups */
-      kva_mbar_init(s_bar + 8 * i, i == 31 || (KV8 && i >= 18 && i < 22) ? KVA_MLA_THREADS
-                                                                           : KVA_MLA_THREADS / 2);
+      kva_mbar_init(s_bar + 8 * i, i == 31 || (KV8 && i >= MLA9_F8_BAR && i < MLA9_F8_BAR + 4)
+                                       ? KVA_MLA_THREADS
+                                       : KVA_MLA_THREADS / 2);
     if (TMA && a.kv_tma) {
       kva_tma_prefetch_map(&a.kv_map);
       if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);
@@ -529,7 +520,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         float sacc[32], cf[2];
         mla9_s<MT>(sacc, q, s_rope, st, bar, par, fence);
         if (j == 0) MLA9_PHASE_S(nchunk, 10, kva_globaltimer());
-        if (ORDER) kva_mbar_arrive(s_bar + 8 * (32 + s)); /* S(j) is on the tensor cores */
+        if (KVA_MLA9_ORDER) kva_mbar_arrive(s_bar + 8 * (32 + s)); /* S(j) is on the tensor cores */
         kva_wgmma_wait<0>(); /* S(j) and the sliver P V of block j - 1 */
 #pragma unroll
         for (int i = 0; i < 32; i++) kva_reg_fence_f32(&sacc[i]);
@@ -589,7 +580,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
     if (KV8)
-      mla9_load_first_f8(c, p_st0, s_st0, s_bar, pw, kvg, a, h, tw, s, F8PV ? 1 : 2);
+      mla9_load_first_f8(c, p_st0, s_st0, s_bar, pw, kvg, a, h, tw, s);
     else if (!preloaded)
       mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw, s);
     /* the stages this chunk's last three blocks free take the next chunk's
@@ -619,7 +610,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       int nx[4]; /* rows of the refill, read ahead of the wait */
       if (!KV8) mla5_rows<TMA>(nx, rpt, rk, more ? rk1 : 0, a, tw);
       kva_mbar_wait(s_bar + 8 * (27 + s), par); /* P, c of block j */
-      if (ORDER) {
+      if (KVA_MLA9_ORDER) {
         /* S(j + 1) issued: ahead of this P V on the tensor cores (block
          * 0's phase is waited too: synccheck wants every phase waited) */
         if (j == 0) kva_mbar_wait(s_bar + 8 * (32 + s), par);
@@ -638,15 +629,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla9_fence_o124(o);
       if (j == 0) MLA9_PHASE(nchunk, 2, kva_globaltimer());
       mla9_pv248<MT>(o, st + 8 * KB, st, h);
-      if (F8PV && j + 1 < c.nblk) {
-        /* block j + 1 into the other stage (block j - 1's: its P V's and
-         * slivers are over) while P V(j) runs; its byte stage takes j + 3 */
-        const int s1 = s ^ 1;
-        const uint32_t p1 = (pw >> s1) & 1u;
-        mla9_take_f8(p_st0, s_bar, s1, p1, kt + BN, c.k1, h, tw);
-        if (j + 3 < c.nblk)
-          mla9_fill_f8(s_st0, s_bar, s1, p1 ^ 1u, kvg, c.pt, kt + 3 * BN, c.k1, a, ct);
-      }
       kva_wgmma_wait<0>();
       mla9_fence_o124(o);
       mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
@@ -654,9 +636,11 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
        * block's phase, refilled or not) */
       kva_mbar_wait(s_bar + 8 * (35 + s), (pw >> s) & 1u);
       if (KV8) {
-        /* (KVA_MLA9_F8_ORDER 0) block j + 2 into this stage (its byte
-         * stage's next phase), whose byte stage then takes block j + 4 */
-        if (!F8PV && j + 2 < c.nblk) {
+        /* block j + 2 into this stage (its byte stage's next phase), whose
+         * byte stage then takes block j + 4 (converting block j + 1 under
+         * P V(j) instead, with S(j + 1) behind it, measured 6-7% slower:
+         * docs/results/2026-11-27_mla_fp8_order1_s32.patch) */
+        if (j + 2 < c.nblk) {
           mla9_take_f8(p_st0, s_bar, s, par ^ 1u, kt + 2 * BN, c.k1, h, tw);
           if (j + 4 < c.nblk)
             mla9_fill_f8(s_st0, s_bar, s, par, kvg, c.pt, kt + 4 * BN, c.k1, a, ct);
