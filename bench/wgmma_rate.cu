@@ -58,6 +58,112 @@ __global__ void __launch_bounds__(256, 1) s_rate(int iters, int wgs, unsigned lo
   if (s == 12345.0f) sink[threadIdx.x] = s; /* keeps d live */
 }
 
+/* The transposed shapes of a small-row MLA (keys as M): S^T = K Q^T
+ * (m64nNk16, A = the 64-key block K-major, B = N query rows K-major, 36
+ * k-steps) and half of O^T += V^T P^T (A = V^T read MN-major from the same
+ * block, four 64-dim tiles x 4 key steps, B = P^T) per warpgroup. N = 16 or
+ * 32. */
+template <int N>
+static __device__ __forceinline__ void t_mma(float *d, uint64_t da, uint64_t db, int tnsp_a) {
+  if (N == 16) {
+    if (tnsp_a)
+      asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 1, 0;\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                   : "l"(da), "l"(db));
+    else
+      asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, 1, 1, 1, 0, 0;\n"
+                   : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+                   : "l"(da), "l"(db));
+  } else {
+    if (tnsp_a)
+      asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " KVA_WGMMA_D16 ", %16, %17, 1, 1, 1, 1, 0;\n"
+                   : KVA_WGMMA_OUT16(d) : "l"(da), "l"(db));
+    else
+      asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " KVA_WGMMA_D16 ", %16, %17, 1, 1, 1, 0, 0;\n"
+                   : KVA_WGMMA_OUT16(d) : "l"(da), "l"(db));
+  }
+}
+template <int N>
+__global__ void __launch_bounds__(256, 1) t_rate(int iters, int wgs, unsigned long long *cycles,
+                                                 float *sink) {
+  constexpr int KBLK = 64 * 128, QBLK = N * 128;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_k = (s_raw + 1023u) & ~1023u, s_q = s_k + 9 * KBLK, s_p = s_q + 9 * QBLK;
+  unsigned char *p = smem + (s_k - s_raw);
+  for (int i = threadIdx.x; i < (9 * (KBLK + QBLK) + QBLK) / 4; i += blockDim.x)
+    ((uint32_t *)p)[i] = 0x3c003c00u ^ ((uint32_t)i * 2654435761u & 0x00ff00ffu);
+  __syncthreads();
+  kva_fence_proxy_async_smem();
+  __syncthreads();
+  const int wg = threadIdx.x >> 7;
+  if (wg >= wgs) return;
+  float s[N / 2], o[4][N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) {
+    s[i] = 0.0f;
+#pragma unroll
+    for (int t = 0; t < 4; t++) o[t][i] = 0.0f;
+  }
+  const uint64_t dk = mla_desc(s_k, 16, 1024), dq = mla_desc(s_q, 16, 1024);
+  const uint64_t dv = mla_desc(s_k, KBLK, 1024), dp = mla_desc(s_p, 16, 1024);
+  const unsigned long long t0 = clock64();
+  for (int it = 0; it < iters; it++) {
+    kva_wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 9; k++)
+#pragma unroll
+      for (int t = 0; t < 4; t++)
+        t_mma<N>(s, dk + ((k * KBLK + t * 32) >> 4), dq + ((k * QBLK + t * 32) >> 4), 0);
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+      for (int t = 0; t < 4; t++)
+        t_mma<N>(o[c], dv + ((c * KBLK + t * 16 * 128) >> 4), dp + ((t * 32) >> 4), 1);
+    kva_wgmma_commit();
+    kva_wgmma_wait<1>();
+  }
+  kva_wgmma_wait<0>();
+  const unsigned long long t1 = clock64();
+  float x = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) {
+    x += s[i];
+#pragma unroll
+    for (int t = 0; t < 4; t++) x += o[t][i];
+  }
+  if ((threadIdx.x & 127) == 0) cycles[blockIdx.x * 2 + wg] = t1 - t0;
+  if (x == 12345.0f) sink[threadIdx.x] = x;
+}
+
+template <int N>
+static void run_t(int sms, int wgs) {
+  const int iters = 2000;
+  const size_t smem = 1024 + 9 * (64 + N) * 128 + N * 128;
+  unsigned long long *dc;
+  float *sink;
+  CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * 2 * sms));
+  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
+  CHECK(cudaFuncSetAttribute(t_rate<N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  t_rate<N><<<sms, 256, smem>>>(iters / 10, wgs, dc, sink);
+  CHECK(cudaGetLastError());
+  t_rate<N><<<sms, 256, smem>>>(iters, wgs, dc, sink);
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
+  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
+  double maxc = 0;
+  for (int i = 0; i < sms; i++)
+    for (int w = 0; w < wgs; w++) maxc = hc[2 * i + w] > maxc ? (double)hc[2 * i + w] : maxc;
+  const double flop = 2.0 * 64 * N * (576 + 256); /* S^T and half of O^T */
+  printf("keys-as-M block (S^T + half O^T) N=%2d, %d warpgroup(s): %6.0f cycles per block per "
+         "warpgroup, %6.0f useful flop/cycle/SM\n",
+         N, wgs, maxc / iters, flop * iters * wgs / maxc);
+  free(hc);
+  CHECK(cudaFree(dc));
+  CHECK(cudaFree(sink));
+}
+
 template <int N>
 static void run(int sms, int wgs) {
   const int iters = 2000;
@@ -97,6 +203,8 @@ int main(void) {
     run<32>(sms, wgs);
     run<64>(sms, wgs);
     run<128>(sms, wgs);
+    run_t<16>(sms, wgs);
+    run_t<32>(sms, wgs);
   }
   return 0;
 }

@@ -320,6 +320,12 @@ int main(void) {
        * more than the kernels' online-max slack, others by less */
       {"varlen h64 bf16 p64 sharp", 64, 64, 1, 1.0f, KVA_BF16, KVA_BF16, 4, c4, f4, 0, 0, 1},
       {"h128 s2 f16 p64 sharp", 64, 128, 1, 0.7f, KVA_F16, KVA_F16, 5, c5, f5, 0, 0, 1},
+      /* fp8 batches of <= 32 rows (v10: keys as M): 16 rows, 32 rows with
+       * cut requests and merges, f16 Q with sharp logits, many requests */
+      {"varlen fp8 p64 h16 s1", 64, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
+      {"fp8 p16 h16 s2 cuts", 16, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 2, c2, f2, 5, 64, 1},
+      {"varlen fp8 p64 h32 f16 sharp", 64, 32, 1, 0.6f, KVA_F16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
+      {"b32 h16 s1-2 fp8 p64", 64, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 32, cb, fb, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
   run_graph_case(ctx);

@@ -1,16 +1,18 @@
 /* MLA decode on the CUDA backend: the plan's decode requests on a wgmma
  * kernel, which also merges the chunks of split requests; f32 Q/O, Q of
  * another 16-bit type than the pool, or unaligned Q/O run on the CUDA-core
- * kernel (simple_attention.cu). Four wgmma kernels: v2 (mla_kernel.cuh;
+ * kernel (simple_attention.cu). Five wgmma kernels: v2 (mla_kernel.cuh;
  * 32-key tiles, S split between the warpgroups; fp8 latents too), v5
  * (mla_kernel_v5.cuh; 64-key blocks in pairs, FlashMLA's seesaw in its
  * order; 16-bit latents; TMA loads on pools of whole 64-key pages), v6
  * (mla_kernel_v6.cuh; v5's blocks and loads, one warpgroup making S and
- * P for two that own O) and v9 (mla_kernel_v9.cuh; v6's roles on three
+ * P for two that own O), v9 (mla_kernel_v9.cuh; v6's roles on three
  * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
- * through byte stages). v9 runs batches of >= 128 rows (q heads x new
- * tokens: the compute-bound ones), 16-bit or fp8 latents, v2 the rest;
- * KVA_MLA_KERNEL=v2|v5|v6|v9 forces one and KVA_MLA_TMA=0 keeps
+ * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
+ * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
+ * >= 128 rows (q heads x new tokens: the compute-bound ones), 16-bit or
+ * fp8 latents; v10 fp8 batches of <= 32 rows; v2 the rest;
+ * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
  * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only
@@ -24,6 +26,7 @@
 #include "cuda/mla_kernel_v5.cuh"
 #include "cuda/mla_kernel_v6.cuh"
 #include "cuda/mla_kernel_v9.cuh"
+#include "cuda/mla_kernel_v10.cuh"
 
 /* Whether every SM can hold a CTA of fn (one per SM) in clusters of 2 at
  * once: else a pair would wait for a second wave. H100 at 232 KB: 66
@@ -59,10 +62,26 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaSt
   return ok;
 }
 
-/* ver: 2, 5, 6 or 9 (5, 6: 16-bit latents only; fp8 runs v2 or v9) */
+/* v10 (fp8 latents only): NQ rows a CTA, one CTA per SM, no pairs */
+template <int QT>
+static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, unsigned gy,
+                                 cudaStream_t s) {
+  static int optin[2][KVA_CUDA_OPTIN_DEVICES];
+  void (*fn)(kva_mla_args) = nq == 16 ? kva_mla_kernel_v10<QT, 16> : kva_mla_kernel_v10<QT, 32>;
+  const int smem = nq == 16 ? KVA_MLA10_SMEM(16) : KVA_MLA10_SMEM(32);
+  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[nq == 16 ? 0 : 1]));
+  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA10_THREADS), (size_t)smem, s,
+                                      *a, 1u));
+  KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel_v10");
+  return KVA_OK;
+}
+
+/* ver: 2, 5, 6, 9 or 10 (5, 6: 16-bit latents only; fp8 runs v2, v9 or
+ * v10; v10 fp8 only, nq its rows a CTA) */
 template <int QT, int KV8>
-static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned gx, unsigned gy,
-                             cudaStream_t s) {
+static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, unsigned gx,
+                             unsigned gy, cudaStream_t s) {
+  if (KV8 && ver == 10) return mla_launch_v10<QT>(a, nq, gx, gy, s);
   /* per kernel */
   static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[3][3][KVA_CUDA_OPTIN_DEVICES];
   int smem = KVA_MLA_SMEM(KV8), threads = KVA_MLA_THREADS;
@@ -102,12 +121,13 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int coloc, unsigned
 }
 
 extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver,
-                                     int coloc, unsigned gx, unsigned gy, cudaStream_t stream) {
+                                     int nq, int coloc, unsigned gx, unsigned gy,
+                                     cudaStream_t stream) {
   if (qt == KVA_F16)
-    return kv8 ? mla_launch<KVA_F16, 1>(a, ver, coloc, gx, gy, stream)
-               : mla_launch<KVA_F16, 0>(a, ver, coloc, gx, gy, stream);
-  return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, coloc, gx, gy, stream)
-             : mla_launch<KVA_BF16, 0>(a, ver, coloc, gx, gy, stream);
+    return kv8 ? mla_launch<KVA_F16, 1>(a, ver, nq, coloc, gx, gy, stream)
+               : mla_launch<KVA_F16, 0>(a, ver, nq, coloc, gx, gy, stream);
+  return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, nq, coloc, gx, gy, stream)
+             : mla_launch<KVA_BF16, 0>(a, ver, nq, coloc, gx, gy, stream);
 }
 
 /* An integer A/B switch from the environment, read once (launches are
@@ -125,11 +145,11 @@ static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
   return sw->value;
 }
 
-/* KVA_MLA_KERNEL=v2|v5|v6|v9 forces a kernel (A/B); 0 = by the batch's rows. */
+/* KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces a kernel (A/B); 0 = by the batch's rows. */
 static int mla_kernel_forced(void) {
   static mla_env_switch sw;
   const int v = mla_env_int(&sw, "KVA_MLA_KERNEL", 0);
-  return v == 2 || v == 5 || v == 6 || v == 9 ? v : 0;
+  return v == 2 || v == 5 || v == 6 || v == 9 || v == 10 ? v : 0;
 }
 
 /* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
@@ -331,11 +351,17 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     ver = hq * max_q >= 2 * KVA_MLA_BM ? 9 : 2;
     /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
      * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows, 30-40% slower
-     * than v2 at 16-64 (docs/performance.md, "Thirty-second session") */
+     * than v2 at 16-64 (docs/performance.md, "Thirty-second session");
+     * up to 32 rows v10 (keys as M: the tensor work follows the rows) */
+    if (kv8 && hq * max_q <= 32) ver = 10;
   }
+  /* v10's rows a CTA: 16 or 32 (the batch's rows; a forced v10 on more
+   * rows runs tiles of 32) */
+  const int nq10 = mla_sched_rows(hq, max_q) <= 16 ? 16 : 32;
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
-      (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin))
+      (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin) ||
+      (ver == 10 && (!kv8 || KVA_MLA10_SMEM(nq10) > cs->max_smem_optin)))
     ver = 2;
   /* the head's wait where the walk plans the rest to end early: the costed
    * walk (kva_cuda_mla_split_costs: fewer than two row tiles) and v9's
@@ -365,6 +391,10 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
 #else
   a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
 #endif
-  return kva_mla_launch(&a, dtype, kv8, ver, mla_coloc(tiles), (unsigned)plan->cfg.num_workers,
-                        (unsigned)tiles, cs->stream);
+  /* v10's row tiles of nq10 rows, from the plan's capacity as v2's */
+  const int cap_q = plan->cfg.max_q_tokens < KVA_MAX_DECODE_Q ? plan->cfg.max_q_tokens
+                                                              : KVA_MAX_DECODE_Q;
+  const int gy = ver == 10 ? (hq * cap_q + nq10 - 1) / nq10 : tiles;
+  return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(tiles),
+                        (unsigned)plan->cfg.num_workers, (unsigned)gy, cs->stream);
 }

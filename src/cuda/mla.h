@@ -84,6 +84,18 @@ extern "C" {
 #define KVA_MLA9_SMEM \
   (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 
+/* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16 or 32 query rows
+ * a CTA): Q ([9][NQ rows][128 B]), one 16-bit stage of a 64-key block,
+ * two P^T buffers ([NQ rows][64 keys]), three byte stages and 2 KB of
+ * row maxima, factors, m, l, 21 mbarriers and a flag. */
+#define KVA_MLA10_THREADS 384
+#define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
+#define KVA_MLA10_P(nq) ((nq) * 128)
+#define KVA_MLA10_MISC 2048
+#define KVA_MLA10_SMEM(nq)                                                                \
+  (1024 + KVA_MLA10_Q(nq) + KVA_MLA5_TILE + 2 * KVA_MLA10_P(nq) + 3 * KVA_MLA9_TILE8 + \
+   KVA_MLA10_MISC) /* 209920 (16), 232448 (32) */
+
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */
 typedef struct kva_mla_args {
@@ -151,10 +163,11 @@ static inline int kva_mla5_kv_maps(kva_mla_args *a, const void *kv, uint64_t slo
 }
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:
- * 2, 5 or 6 (5 and 6 with 16-bit latents only); coloc 2: v5's or v6's row
+ * 2, 5, 6, 9 or 10 (5 and 6 with 16-bit latents only, 10 with fp8 only:
+ * nq its rows a row tile, 16 or 32); coloc 2: v5's, v6's or v9's row
  * tiles launched in clusters of 2 (a worker's tile pairs on one GPC), else 1. */
-kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, int coloc,
-                          unsigned grid_x, unsigned grid_y, cudaStream_t stream);
+kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv8, int ver, int nq,
+                          int coloc, unsigned grid_x, unsigned grid_y, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,8 @@
 # checks) and checks it against a double-precision reference, including the
 # in-kernel merge of split requests. Not part of the CMake build.
 #   bash tests/emu_mla/build.sh && /tmp/kva_emu_mla [case|-1] [random cases] [seed]
+# EMU_MLA_KERNEL=v2|v5|v6|v9|v10 picks the kernel; for debugging, EMU_ONE_PASS,
+# EMU_DIFF and EMU_CASE (see mla_emu.cpp).
 set -e
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=tests/emu/build_common.sh

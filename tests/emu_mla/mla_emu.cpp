@@ -4,6 +4,7 @@
  * latents, forced splits. */
 #include "emu_common.h"
 #include "cuda/mla_kernel_v9.cuh"
+#include "cuda/mla_kernel_v10.cuh"
 #include <algorithm>
 #include <vector>
 
@@ -19,10 +20,12 @@ void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
   g_prefetch_bytes += bytes;
 }
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v5|v6|v9: the kernel (default v2); v5 and v6 run
+/* EMU_MLA_KERNEL=v2|v5|v6|v9|v10: the kernel (default v2); v5 and v6 run
  * 16-bit latents, fp8 cases stay on v2 there (as mla.cu dispatches); v9
- * runs fp8 latents too */
+ * runs fp8 latents too; v10 runs the fp8 cases only (16-bit ones on v2) */
 static int g_ver = 2, g_run_ver = 2;
+/* v10 (fp8 latents only; other cases run v2): rows a row tile, 16 or 32 */
+static int g_nq10 = 16;
 template <int QT, int KV8>
 static void body() {
   emu_blockIdx.y = g_y;
@@ -40,6 +43,10 @@ static void body() {
                        : kva_mla_kernel_v9<QT, 0>(g_args);
   else if (g_run_ver == 9)
     kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
+  else if (g_run_ver == 10 && g_nq10 == 16)
+    kva_mla_kernel_v10<QT, 16>(g_args);
+  else if (g_run_ver == 10)
+    kva_mla_kernel_v10<QT, 32>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -66,8 +73,12 @@ static int run_case(const Case &c, int idx) {
   emu_split(sp, l, c.nnew, l.kvlen.data(), c.block, c.workers, c.hq, DV, packed);
   sp.hdr.max_q_len = *std::max_element(c.nnew.begin(), c.nnew.end());
 
-  /* kva_cuda_mla_row_tiles of mla.cu */
-  const int tiles = (c.hq * std::min(c.max_q_cap, KVA_MAX_DECODE_Q) + KVA_MLA_BM - 1) / KVA_MLA_BM;
+  /* kva_cuda_mla_row_tiles of mla.cu; v10's tiles of 16 or 32 rows (by the
+   * batch's rows, as mla.cu) */
+  const int rows_cap = c.hq * std::min(c.max_q_cap, KVA_MAX_DECODE_Q);
+  g_nq10 = c.hq * sp.hdr.max_q_len <= 16 ? 16 : 32;
+  const int tiles = g_ver == 10 && c.kv8 ? (rows_cap + g_nq10 - 1) / g_nq10
+                                         : (rows_cap + KVA_MLA_BM - 1) / KVA_MLA_BM;
   const float sm = c.sm_scale > 0 ? c.sm_scale : 1.f / sqrtf((float)D);
   kva_mla_args &a = g_args;
   memset(&a, 0, sizeof a);
@@ -83,6 +94,7 @@ static int run_case(const Case &c, int idx) {
                                     discard writes NaN over merged partial rows */
   /* fp8 latents: v2, or v9's byte stages */
   g_run_ver = g_ver >= 5 && g_ver != 9 && c.kv8 ? 2 : g_ver;
+  if (g_ver == 10) g_run_ver = c.kv8 ? 10 : 2;
   /* the prefetch (mla.cu sets 128 keys at <= 32 rows): none, short, long */
   static const int pre_keys[4] = {0, 16, 128, 5000};
   a.prefetch_keys = pre_keys[rnd() % 4];
@@ -100,7 +112,8 @@ static int run_case(const Case &c, int idx) {
   void (*fn)(void) = NULL;
   if (c.qt == KVA_BF16) fn = c.kv8 ? body<KVA_BF16, 1> : body<KVA_BF16, 0>;
   else fn = c.kv8 ? body<KVA_F16, 1> : body<KVA_F16, 0>;
-  emu_smem_limit = g_run_ver == 9   ? KVA_MLA9_SMEM
+  emu_smem_limit = g_run_ver == 10  ? KVA_MLA10_SMEM(g_nq10)
+                   : g_run_ver == 9   ? KVA_MLA9_SMEM
                    : g_run_ver == 6 ? KVA_MLA6_SMEM
                    : g_run_ver == 5 ? KVA_MLA5_SMEM
                                     : KVA_MLA_SMEM(c.kv8);
@@ -110,14 +123,16 @@ static int run_case(const Case &c, int idx) {
    * global; the two must agree bitwise (mla_merge_known_last's promise). */
   std::vector<uint16_t> o1((size_t)l.total_q * c.hq * DV);
   std::vector<float> lse1(e.lse.size());
-  for (int pass = 0; pass < 2; pass++) {
+  /* debugging: EMU_ONE_PASS=0|1 runs one pass and checks it against the reference */
+  const int one_pass = getenv("EMU_ONE_PASS") ? atoi(getenv("EMU_ONE_PASS")) : -1;
+  for (int pass = one_pass >= 0 ? one_pass : 0; pass < (one_pass >= 0 ? one_pass + 1 : 2); pass++) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
+      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS); /* v10: 384 too */
     }
     if (emu_split_sem_dirty(sp, idx)) return 1;
-    if (pass == 0) {
+    if (pass == 0 && one_pass < 0) {
       memcpy(o1.data(), e.o, o1.size() * 2);
       lse1 = e.lse;
       for (size_t i = 0; i < o1.size(); i++) e.o[i] = 0x7fff; /* poisoned again */
@@ -131,10 +146,17 @@ static int run_case(const Case &c, int idx) {
            g_prefetch_bad, g_prefetch_bytes);
     return 1;
   }
-  if (memcmp(o1.data(), e.o, o1.size() * 2) != 0 ||
-      memcmp(lse1.data(), e.lse.data(), lse1.size() * 4) != 0) {
+  if (one_pass < 0 && (memcmp(o1.data(), e.o, o1.size() * 2) != 0 ||
+                       memcmp(lse1.data(), e.lse.data(), lse1.size() * 4) != 0)) {
     printf("case %d: O or LSE differ between the merge before the write and the merge from "
            "global\n", idx);
+    if (getenv("EMU_DIFF")) { /* debugging: the first elements that differ */
+      int shown = 0;
+      for (size_t i = 0; i < o1.size() && shown < 8; i++)
+        if (o1[i] != e.o[i]) { printf("  o[%zu] (row %zu col %zu): %04x vs %04x\n", i, i / DV, i % DV, o1[i], e.o[i]); shown++; }
+      for (size_t i = 0; i < lse1.size() && shown < 16; i++)
+        if (memcmp(&lse1[i], &e.lse[i], 4)) { printf("  lse[%zu]: %g vs %g\n", i, lse1[i], e.lse[i]); shown++; }
+    }
     return 1;
   }
 
@@ -163,8 +185,8 @@ int main(int argc, char **argv) {
    * may then be the last, so both sides of mla_merge_known_last run */
   setenv("EMU_CTA_ORDER", "shuffle", 0);
   if (getenv("EMU_MLA_KERNEL")) g_ver = atoi(getenv("EMU_MLA_KERNEL") + (getenv("EMU_MLA_KERNEL")[0] == 'v'));
-  if (g_ver != 2 && g_ver != 5 && g_ver != 6 && g_ver != 9) {
-    fprintf(stderr, "EMU_MLA_KERNEL: v2, v5, v6 or v9\n");
+  if (g_ver != 2 && g_ver != 5 && g_ver != 6 && g_ver != 9 && g_ver != 10) {
+    fprintf(stderr, "EMU_MLA_KERNEL: v2, v5, v6, v9 or v10\n");
     return 2;
   }
   printf("kernel v%d\n", g_ver);
@@ -188,6 +210,11 @@ int main(int argc, char **argv) {
   cases.push_back({KVA_BF16, 1, 64, 128, 1, 3, 64, 2, 0.f, {300, 77}, {2, 1}});
   cases.push_back({KVA_BF16, 1, 16, 32, 1, 2, 32, 2, 0.6f, {400}, {2}});
   cases.push_back({KVA_F16, 0, 64, 128, 1, 2, 64, 2, 0.7f, {400, 90}, {2, 1}});
+  if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
+    int kl = 129, w = 1; float sc = 0.f;
+    sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
+    cases.push_back({KVA_F16, 1, 64, 16, 0, w, 64, 1, sc, {kl}, {1}});
+  }
   for (int i = 0; i < nrand; i++) {
     Case c;
     const int pss[4] = {64, 16, 1, 7}, blks[3] = {16, 64, 128}, hqs[6] = {16, 32, 64, 128, 8, 24};

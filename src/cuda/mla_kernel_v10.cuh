@@ -1,0 +1,456 @@
+/* MLA decode v10: fp8 latents for batches of at most NQ = 16 or 32 query
+ * rows (q heads x new tokens), with the keys as the wgmma M.
+ *
+ * Why: v2 and v9 put a row tile of 64 query rows on M, so 16 rows pay for
+ * 64 and an fp8 step at 16-32 rows cost as much tensor work as one at 64.
+ * H100 (2026-11-27): v2's fp8 ran 1.17 TB/s at 16, 32 and 64 rows alike
+ * (0.515 ms, FlashMLA's h16 s_q1 sk8192 row), 1.65 TB/s with its wgmmas
+ * compiled out. Here S^T = K Q^T (M = the block's 64 keys, N = NQ rows,
+ * K = 576) and O^T += V^T P^T (M = 64 of V's dims, N = NQ rows, K = the
+ * 64 keys, V^T read transposed from the same 16-bit stage), so the tensor
+ * work follows the rows: at N = 16 a block's S^T and O^T took ~1360
+ * cycles on the probe (bench/wgmma_rate.cu), under the ~2900 a 36 KB
+ * block takes to stream at the copy rate.
+ *
+ * Roles (384 threads, v9's): warpgroup 0 loads Q (f16, times 2^-8 for a
+ * bf16 Q, as v2), issues S^T column block by column block as each is
+ * converted, runs the online softmax down S^T's columns (a row's max over
+ * the block through smem between its four warps), writes P^T (f16, [NQ
+ * rows][64 keys], a K-major B operand) and the rows' factors into one of
+ * two buffers and arrives on its `pfull`. The two O warpgroups own O^T's
+ * dims 256 h .. 256 h + 255 and the one 16-bit stage's column blocks
+ * they read (4 h .. 4 h + 3, and the rope block for h = 0). Per block
+ * they wait for P^T, rescale O^T and issue its four 64-dim tiles as four
+ * commit groups; under them they convert the next block's bytes (e4m3 ->
+ * f16), each column block once the tile that read it is over in every
+ * warp, fenced and arrived on its mbarrier, so that warpgroup 0's next
+ * S^T follows the conversion; then `pempty` and the refill of the byte
+ * stage three blocks ahead (one bulk copy per page run). H100, FlashMLA's
+ * fp8 rows at 16 rows: 0.41 ms with the conversion after O^T and S^T
+ * after all of it, 0.337 with this order (v2: 0.51).
+ *
+ * At a chunk's end warpgroup 0 leaves each row's m and l in smem; the O
+ * warpgroups put O^T over the 16-bit stage as O's rows (f32), read them
+ * back in v2's accumulator layout and run mla_finish_chunk (O, partial
+ * rows, the merges), with the byte stages as the merge's scratch. Row
+ * tiles are NQ rows (grid.y from the plan's capacity), so any batch is
+ * covered; the kernel is picked for batches of <= NQ rows. */
+#ifndef KVA_CUDA_MLA_KERNEL_V10_CUH
+#define KVA_CUDA_MLA_KERNEL_V10_CUH
+
+#include "cuda/mla9_fp8.cuh"
+
+#define KVA_MLA10_BAR_S 1 /* warpgroup 0 */
+#define KVA_MLA10_BAR_O 2 /* the O warpgroups */
+#define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
+
+/* A named barrier of warpgroup 0 or of the O warpgroups, in whole warps. */
+static __device__ __forceinline__ void mla10_sync(int id, int count) {
+  __syncwarp();
+  kva_bar_sync(id, count);
+}
+
+template <int NQ>
+static __device__ __forceinline__ void mla10_mma_s(float *d, uint64_t da, uint64_t db, int acc) {
+  if (NQ == 16)
+    kva_wgmma_m64n16k16_ss_f16(d, da, db, acc);
+  else
+    kva_wgmma_m64n32k16_ss_f16(d, da, db, acc);
+}
+template <int NQ>
+static __device__ __forceinline__ void mla10_mma_o(float *d, uint64_t da, uint64_t db) {
+  if (NQ == 16)
+    kva_wgmma_m64n16k16_ss_f16_ta(d, da, db);
+  else
+    kva_wgmma_m64n32k16_ss_f16_ta(d, da, db);
+}
+
+/* The fill of the block at kt (global block index u) into byte stage
+ * u % 3, once its last contents were converted (a fresh barrier passes
+ * parity 1: a stage's first fill waits for nothing). ct: the O thread. */
+static __device__ __forceinline__ void mla10_fill(uint32_t s_b8, uint32_t s_bar, uint32_t u,
+                                                  const unsigned char *kvg, const int32_t *pt,
+                                                  int kt, int k1, const kva_mla_args &a, int ct) {
+  const uint32_t sb = u % 3, use = u / 3;
+  if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (3 + sb), (use & 1u) ^ 1u);
+  mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
+}
+
+/* Column block cb (dims 64 cb .. 64 cb + 63) of the byte stage p_st8
+ * into the 16-bit stage p_st (e4m3 -> f16, exact): row tw / 2, half tw %
+ * 2 (32 dims: two 16-byte loads, four 16-byte stores); rows at or past
+ * `rows` zeroed (masked P V stays finite). No fence, no arrival. */
+static __device__ __forceinline__ void mla10_convert_col(unsigned char *p_st,
+                                                         const unsigned char *p_st8, int cb,
+                                                         int rows, int tw) {
+  const int row = tw >> 1, b = tw & 1;
+  uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
+  if (row < rows) {
+    const unsigned char *src = p_st8 + row * KVA_MLA_D + 64 * cb + 32 * b;
+    x0 = *(const uint4 *)src;
+    x1 = *(const uint4 *)(src + 16);
+  }
+  unsigned char *const d = p_st + cb * KVA_MLA5_KBLK + row * 128;
+  const int sw = row & 7;
+  *(uint4 *)(d + (((4 * b) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x0.x, x0.y);
+  *(uint4 *)(d + (((4 * b + 1) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x0.z, x0.w);
+  *(uint4 *)(d + (((4 * b + 2) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x1.x, x1.y);
+  *(uint4 *)(d + (((4 * b + 3) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x1.z, x1.w);
+}
+/* One column block converted, fenced for the wgmmas and arrived on. */
+static __device__ __forceinline__ void mla10_convert_arrive(unsigned char *p_st,
+                                                            const unsigned char *p_st8, int cb,
+                                                            int rows, int tw, uint32_t col_bar) {
+  mla10_convert_col(p_st, p_st8, cb, rows, tw);
+  kva_fence_proxy_async_smem(); /* generic stores -> warpgroup 0's wgmma */
+  kva_mbar_arrive(col_bar + 8 * cb);
+}
+
+template <int QT, int NQ>
+__global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
+    kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
+  constexpr int NJ = NQ / 8; /* 8-row groups of N */
+  constexpr int TILE = KVA_MLA5_TILE, TILE8 = KVA_MLA9_TILE8, BN = KVA_MLA5_BN;
+  constexpr int KB = KVA_MLA5_KBLK, QB = NQ * 128; /* a column block of the stage, of Q */
+  constexpr int PB = KVA_MLA10_P(NQ);
+  constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the stage at a chunk's end */
+  constexpr int CT = KVA_F16;          /* the tensor cores' type (fp8 latents) */
+  static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
+  static_assert(KVA_MLA10_SMEM(NQ) <= 232448, "227 KB of smem per CTA");
+  static_assert(NQ * OROW * 4 <= TILE, "O's rows fit the stage");
+  static_assert(12 * NQ * 4 + 21 * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u;
+  unsigned char *const p_q = smem + (s_q - s_raw);
+  const uint32_t s_st = s_q + KVA_MLA10_Q(NQ), s_p = s_st + TILE, s_b8 = s_p + 2 * PB;
+  unsigned char *const p_st = p_q + KVA_MLA10_Q(NQ);
+  unsigned char *const p_p = p_st + TILE, *const p_b8 = p_p + 2 * PB;
+  float *const red = (float *)(p_b8 + 3 * TILE8); /* [2][4 warps][NQ] */
+  float *const cst = red + 8 * NQ;                /* [2][NQ]: a block's factors */
+  float *const sm = cst + 2 * NQ, *const sl = sm + NQ;
+  /* mbarriers: byte stage full 0-2, empty 3-5; column blocks 6-14; pfull
+   * 15-16, pempty 17-18; stats full 19, empty 20 */
+  const uint32_t s_bar = s_b8 + 3 * TILE8 + 12 * NQ * 4;
+  const uint32_t col_bar = s_bar + 8 * 6, sfull = s_bar + 8 * 19, sempty = s_bar + 8 * 20;
+  volatile int *const flag = (volatile int *)(p_b8 + 3 * TILE8 + 12 * NQ * 4 + 21 * 8);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
+  const int tw = tid & 127;
+  const kva_plan_header *hdr = a.hdr;
+  kva_griddep_launch_dependents();
+  const int row0 = (int)blockIdx.y * NQ;
+  if ((int)blockIdx.x >= hdr->num_workers || row0 >= hdr->max_q_len * a.hq) return;
+  const kva_split_work wk = a.sched[blockIdx.x];
+  if (a.prefetch_keys > 0 && blockIdx.y == 0 && tid == 0)
+    mla_prefetch_first<1>(a, wk, a.prefetch_keys);
+  if (tid == 0) {
+#pragma unroll 1
+    for (int i = 0; i < 21; i++)
+      kva_mbar_init(s_bar + 8 * i, (i >= 6 && i < 15) || i == 15 || i == 16 || i == 19
+                                       ? KVA_MLA_THREADS / 2
+                                       : KVA_MLA_THREADS);
+  }
+  __syncthreads(); /* the inits are seen by every thread */
+  /* Q, the latents and the outputs belong to the kernels before (PDL) */
+  kva_griddep_wait();
+  const unsigned char *const kvg = (const unsigned char *)a.kv;
+  const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+
+  uint32_t nb = 0, nc = 0; /* blocks and chunks so far: the barriers' phases */
+  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+    const int r = a.sched_order[wi];
+    const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+    if (nsplit == 0) continue; /* not a decode request */
+    const int nt = a.num_new[r], rows_all = nt * a.hq;
+    if (row0 >= rows_all) continue;
+    /* this tile's rows end (mla_finish_chunk's bound) */
+    const int rows = rows_all < row0 + NQ ? rows_all : row0 + NQ;
+    const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
+    const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
+    const int k0 = ch.k0, k1 = ch.k1;
+    const int nblk = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
+    const int tok0 = a.cu_q[r];
+    const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
+
+    if (wg == 0) {
+      /* ---- warpgroup 0: Q, S^T, the softmax, P^T ---- */
+      if (nblk > 0) {
+        const unsigned char *qg = (const unsigned char *)a.q;
+        for (int i = tw; i < NQ * (KVA_MLA_D / 8); i += 128) {
+          const int row = i / (KVA_MLA_D / 8), c = i - row * (KVA_MLA_D / 8);
+          const int grow = row0 + row, ok = grow < rows;
+          const int t = grow / a.hq, h = grow - t * a.hq;
+          const unsigned char *src =
+              ok ? qg + ((int64_t)(tok0 + t) * a.hq + h) * (KVA_MLA_D * 2) + c * 16 : qg;
+          kva_cp_async_16(s_q + mla_sw<NQ>(row, c), src, ok ? 16 : 0);
+        }
+        kva_cp_async_commit();
+        kva_cp_async_wait<0>();
+        if (CT != QT)
+          for (int i = tw; i < NQ * (KVA_MLA_D / 8); i += 128) {
+            const int row = i / (KVA_MLA_D / 8), c = i - row * (KVA_MLA_D / 8);
+            mla_q_f16x8((uint4 *)(p_q + mla_sw<NQ>(row, c)));
+          }
+        kva_fence_proxy_async_smem(); /* Q -> wgmma */
+      }
+      mla10_sync(KVA_MLA10_BAR_S, 128); /* Q seen by every warp */
+      /* this thread's S^T columns: rows 8 jj + 2 tq + e */
+      int pos[NJ][2];
+      float mr[NJ][2], lr[NJ][2];
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          pos[jj][e] = cached + (row0 + 8 * jj + 2 * tq + e) / a.hq;
+          mr[jj][e] = -INFINITY;
+          lr[jj][e] = 0.0f;
+        }
+      const uint64_t dk = mla_desc(s_st, 16, 1024), dq = mla_desc(s_q, 16, 1024);
+      for (int j = 0; j < nblk; j++) {
+        const uint32_t u = nb + (uint32_t)j, pb = u & 1u;
+        const int kt = k0 + j * BN;
+        float sacc[4 * NJ];
+#pragma unroll
+        for (int i = 0; i < 4 * NJ; i++) {
+          sacc[i] = 0.0f;
+          kva_reg_fence_f32(&sacc[i]);
+        }
+        kva_wgmma_fence();
+        /* each column block as soon as it is converted, in the converters'
+         * order (warpgroup 1: the rope block, then 0..3; warpgroup 2: 4..7) */
+#pragma unroll
+        for (int k = 0; k < 9; k++) {
+          const int cb = k == 0 ? 8 : (k & 1) ? (k - 1) / 2 : 4 + (k - 2) / 2;
+          kva_mbar_wait(col_bar + 8 * cb, u & 1u);
+#pragma unroll
+          for (int t = 0; t < 4; t++)
+            mla10_mma_s<NQ>(sacc, dk + ((uint32_t)(cb * KB + t * 32) >> 4),
+                            dq + ((uint32_t)(cb * QB + t * 32) >> 4), k > 0 || t > 0);
+        }
+        kva_wgmma_commit();
+        kva_wgmma_wait<0>();
+#pragma unroll
+        for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[i]);
+        /* logits (base 2), masked on a chunk's boundary blocks; sacc[4 jj +
+         * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
+        const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+        float mx[NJ][2];
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            mx[jj][e] = -INFINITY;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+              float x = sacc[4 * jj + 2 * hf + e] * qk_mul;
+              if (need_mask) {
+                const int key = kt + 16 * wq + g + 8 * hf;
+                if (key >= k1 || (a.causal && key > pos[jj][e])) x = -INFINITY;
+              }
+              sacc[4 * jj + 2 * hf + e] = x;
+              mx[jj][e] = fmaxf(mx[jj][e], x);
+            }
+            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 4));
+            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 8));
+            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 16));
+          }
+        /* the block's max of each row over the four warps' keys (two
+         * buffers: a barrier a block keeps them apart) */
+        float *const rd = red + (u & 1u) * 4 * NQ;
+        if (g == 0)
+#pragma unroll
+          for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
+        mla10_sync(KVA_MLA10_BAR_S, 128);
+        /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
+        kva_mbar_wait(s_bar + 8 * (17 + pb), ((u >> 1) & 1u) ^ 1u);
+        unsigned char *const pp = p_p + pb * PB;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int n = 8 * jj + 2 * tq + e;
+            const float bm = fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
+            const float mn = kva_online_max(mr[jj][e], bm);
+            const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0 */
+            const float c = kva_ex2(mr[jj][e] - mu);
+            mr[jj][e] = mn;
+            const float p0 = kva_ex2(sacc[4 * jj + e] - mu), p1 = kva_ex2(sacc[4 * jj + 2 + e] - mu);
+            lr[jj][e] = lr[jj][e] * c + p0 + p1;
+            const uint32_t pk = kva_pack_f16x2(p0, p1);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+              const int key = 16 * wq + g + 8 * hf;
+              *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
+                  (uint16_t)(hf ? pk >> 16 : pk & 0xffffu);
+            }
+            if (wq == 0 && g == 0) cst[pb * NQ + n] = c;
+          }
+        kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
+        kva_mbar_arrive(s_bar + 8 * (15 + pb));
+      }
+      /* the chunk's end: each row's m and l (l over the lanes and warps) */
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 4);
+          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 8);
+          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 16);
+        }
+      kva_mbar_wait(sempty, (nc & 1u) ^ 1u); /* the last chunk's m, l taken */
+      float *const rl = red + ((nb + (uint32_t)nblk) & 1u) * 4 * NQ;
+      if (g == 0)
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int n = 8 * jj + 2 * tq + e;
+            rl[wq * NQ + n] = lr[jj][e];
+            if (wq == 0) sm[n] = mr[jj][e];
+          }
+      mla10_sync(KVA_MLA10_BAR_S, 128);
+      if (tw < NQ) sl[tw] = rl[tw] + rl[NQ + tw] + rl[2 * NQ + tw] + rl[3 * NQ + tw];
+      mla10_sync(KVA_MLA10_BAR_S, 128); /* rl read before the next block writes it */
+      kva_mbar_arrive(sfull);
+    } else {
+      /* ---- the O warpgroups: bytes, conversion, O^T ---- */
+      const int h = wg - 1, ct = tid - 128;
+      float ot[4][4 * NJ];
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int i = 0; i < 4 * NJ; i++) ot[c][i] = 0.0f;
+#pragma unroll 1
+      for (int b = 0; b < 3 && b < nblk; b++)
+        mla10_fill(s_b8, s_bar, nb + (uint32_t)b, kvg, pt, k0 + b * BN, k1, a, ct);
+      /* the chunk's first block, column block by column block (S^T follows) */
+      if (nblk > 0) {
+        const uint32_t sb = nb % 3;
+        kva_mbar_wait(s_bar + 8 * sb, (nb / 3) & 1u);
+        const unsigned char *const st8 = p_b8 + sb * TILE8;
+        if (h == 0) mla10_convert_arrive(p_st, st8, 8, k1 - k0, tw, col_bar);
+#pragma unroll
+        for (int c = 0; c < 4; c++) mla10_convert_arrive(p_st, st8, 4 * h + c, k1 - k0, tw, col_bar);
+        kva_mbar_arrive(s_bar + 8 * (3 + sb)); /* this thread's reads of the bytes are over */
+        if (3 < nblk) mla10_fill(s_b8, s_bar, nb + 3, kvg, pt, k0 + 3 * BN, k1, a, ct);
+      }
+      const uint64_t dv = mla_desc(s_st + 4 * h * KB, KB, 1024), dp = mla_desc(s_p, 16, 1024);
+      for (int j = 0; j < nblk; j++) {
+        const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sn = (u + 1) % 3;
+        const bool nxt = j + 1 < nblk;
+        const int kn = k0 + (j + 1) * BN; /* the next block */
+        if (nxt) kva_mbar_wait(s_bar + 8 * sn, ((u + 1) / 3) & 1u); /* its bytes */
+        kva_mbar_wait(s_bar + 8 * (15 + pb), (u >> 1) & 1u); /* P^T and the factors */
+        float cf[NJ][2];
+        bool moved = false;
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            cf[jj][e] = cst[pb * NQ + 8 * jj + 2 * tq + e];
+            moved |= cf[jj][e] != 1.0f;
+          }
+        if (__any_sync(0xffffffffu, moved))
+#pragma unroll
+          for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+              for (int i = 0; i < 4; i++) ot[c][4 * jj + i] *= cf[jj][i & 1];
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
+        kva_wgmma_fence();
+        /* O^T's four 64-dim tiles, a commit group each */
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+#pragma unroll
+          for (int t = 0; t < 4; t++)
+            mla10_mma_o<NQ>(ot[c], dv + ((uint32_t)(c * KB + t * 2048) >> 4),
+                            dp + ((uint32_t)(pb * PB + t * 32) >> 4));
+          kva_wgmma_commit();
+        }
+        /* the next block converted under them: the rope block at once (only
+         * S^T read it), column block 4 h + c once tile c is over in every
+         * warp (a warp's wait covers its own rows of V^T) */
+        const unsigned char *const st8 = p_b8 + sn * TILE8;
+        if (nxt && h == 0) mla10_convert_arrive(p_st, st8, 8, k1 - kn, tw, col_bar);
+        kva_wgmma_wait<3>();
+        mla10_sync(KVA_MLA10_BAR_H + h, 128);
+        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h, k1 - kn, tw, col_bar);
+        kva_wgmma_wait<2>();
+        mla10_sync(KVA_MLA10_BAR_H + h, 128);
+        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h + 1, k1 - kn, tw, col_bar);
+        kva_wgmma_wait<1>();
+        mla10_sync(KVA_MLA10_BAR_H + h, 128);
+        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h + 2, k1 - kn, tw, col_bar);
+        kva_wgmma_wait<0>();
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
+        mla10_sync(KVA_MLA10_BAR_H + h, 128);
+        kva_mbar_arrive(s_bar + 8 * (17 + pb)); /* P^T read */
+        if (nxt) {
+          mla10_convert_arrive(p_st, st8, 4 * h + 3, k1 - kn, tw, col_bar);
+          kva_mbar_arrive(s_bar + 8 * (3 + sn)); /* this thread's reads of the bytes are over */
+          if (j + 4 < nblk) mla10_fill(s_b8, s_bar, u + 4, kvg, pt, kn + 3 * BN, k1, a, ct);
+        }
+      }
+      /* ---- the chunk's end ---- */
+      kva_mbar_wait(sfull, nc & 1u);
+      float m2[2], lt[2];
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        const int lrow = 16 * wq + g + 8 * hf;
+        m2[hf] = lrow < NQ ? sm[lrow] : -INFINITY;
+        lt[hf] = lrow < NQ ? sl[lrow] : 0.0f;
+      }
+      kva_mbar_arrive(sempty);
+      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over: the stage is free */
+      float *const orows = (float *)p_st;           /* [NQ][OROW] */
+#pragma unroll
+      for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int i = 0; i < 4; i++)
+            orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * c + 16 * wq + g +
+                  8 * (i >> 1)] = ot[c][4 * jj + i];
+      if (nsplit == 2 && ct == 0) *flag = mla_known_last(a, r, ch.split);
+      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
+      float o[2][64];
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        const int lrow = 16 * wq + g + 8 * hf;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+          for (int j16 = 0; j16 < 16; j16++) {
+            float2 v = make_float2(0.0f, 0.0f);
+            if (lrow < NQ)
+              v = *(const float2 *)(orows + lrow * OROW + 256 * h + 128 * hh + 8 * j16 + 2 * tq);
+            o[hh][4 * j16 + 2 * hf] = v.x;
+            o[hh][4 * j16 + 2 * hf + 1] = v.y;
+          }
+      }
+      const int known_last = nsplit == 2 && *flag;
+      mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, ch.split, nsplit, known_last,
+                                                   nt, tok0, row0, rows, ct, h, wq, g, tq, flag,
+                                                   (float *)p_b8, (size_t)3 * TILE8);
+      /* the merge's scratch (generic writes) before the next bulk copies;
+       * O's rows read before the next conversion */
+      kva_fence_proxy_async_smem();
+      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
+    }
+    nb += (uint32_t)nblk;
+    nc++;
+  }
+}
+
+#endif /* KVA_CUDA_MLA_KERNEL_V10_CUH */
