@@ -51,13 +51,6 @@ static __device__ __forceinline__ void mla10_sync(int id, int count) {
 }
 
 template <int NQ>
-static __device__ __forceinline__ void mla10_mma_s(float *d, uint64_t da, uint64_t db, int acc) {
-  if (NQ == 16)
-    kva_wgmma_m64n16k16_ss_f16(d, da, db, acc);
-  else
-    kva_wgmma_m64n32k16_ss_f16(d, da, db, acc);
-}
-template <int NQ>
 static __device__ __forceinline__ void mla10_mma_o(float *d, uint64_t da, uint64_t db) {
   if (NQ == 16)
     kva_wgmma_m64n16k16_ss_f16_ta(d, da, db);
@@ -76,34 +69,85 @@ static __device__ __forceinline__ void mla10_fill(uint32_t s_b8, uint32_t s_bar,
   mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
 }
 
-/* Column block cb (dims 64 cb .. 64 cb + 63) of the byte stage p_st8
- * into the 16-bit stage p_st (e4m3 -> f16, exact): row tw / 2, half tw %
- * 2 (32 dims: two 16-byte loads, four 16-byte stores); rows at or past
- * `rows` zeroed (masked P V stays finite). No fence, no arrival. */
+/* V's column block cb (dims 64 cb .. 64 cb + 63) of the byte stage p_st8
+ * into the 16-bit stage p_st (e4m3 -> f16, exact): rows tw / 4 and tw /
+ * 4 + 32, 16 bytes (unit tw % 4) of each: a quarter warp's loads and
+ * stores hit eight distinct 16-byte bank groups. Rows at or past `rows`
+ * zeroed (masked P V stays finite). No fence. */
 static __device__ __forceinline__ void mla10_convert_col(unsigned char *p_st,
                                                          const unsigned char *p_st8, int cb,
                                                          int rows, int tw) {
-  const int row = tw >> 1, b = tw & 1;
-  uint4 x0 = make_uint4(0u, 0u, 0u, 0u), x1 = x0;
-  if (row < rows) {
-    const unsigned char *src = p_st8 + row * KVA_MLA_D + 64 * cb + 32 * b;
-    x0 = *(const uint4 *)src;
-    x1 = *(const uint4 *)(src + 16);
+  const int u4 = tw & 3;
+#pragma unroll
+  for (int p = 0; p < 2; p++) {
+    const int row = (tw >> 2) + 32 * p;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (row < rows) x = *(const uint4 *)(p_st8 + row * KVA_MLA_D + 64 * cb + 16 * u4);
+    unsigned char *const d = p_st + cb * KVA_MLA5_KBLK + row * 128;
+    const int sw = row & 7;
+    *(uint4 *)(d + (((2 * u4) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x.x, x.y);
+    *(uint4 *)(d + (((2 * u4 + 1) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x.z, x.w);
   }
-  unsigned char *const d = p_st + cb * KVA_MLA5_KBLK + row * 128;
-  const int sw = row & 7;
-  *(uint4 *)(d + (((4 * b) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x0.x, x0.y);
-  *(uint4 *)(d + (((4 * b + 1) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x0.z, x0.w);
-  *(uint4 *)(d + (((4 * b + 2) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x1.x, x1.y);
-  *(uint4 *)(d + (((4 * b + 3) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x1.z, x1.w);
 }
-/* One column block converted, fenced for the wgmmas and arrived on. */
-static __device__ __forceinline__ void mla10_convert_arrive(unsigned char *p_st,
-                                                            const unsigned char *p_st8, int cb,
-                                                            int rows, int tw, uint32_t col_bar) {
-  mla10_convert_col(p_st, p_st8, cb, rows, tw);
-  kva_fence_proxy_async_smem(); /* generic stores -> warpgroup 0's wgmma */
-  kva_mbar_arrive(col_bar + 8 * cb);
+
+/* S^T's A operand straight from the bytes: warp wq's keys 16 wq + g and
+ * + 8, 16 dims 64 cb + 16 tq .. of each (one 16-byte load a key), as the
+ * A fragments of the column block's four k-steps. K-step s takes dims
+ * 16 t + 4 s .. 16 t + 4 s + 3 of every t (so one word of each load is one
+ * k-step's pair of registers); Q's smem rows are stored in that order
+ * (mla10_q_permute). */
+static __device__ __forceinline__ void mla10_k_frags(uint32_t f[4][4], const unsigned char *p_st8,
+                                                     int cb, int wq, int g, int tq) {
+  const unsigned char *src = p_st8 + (16 * wq + g) * KVA_MLA_D + 64 * cb + 16 * tq;
+  const uint4 x = *(const uint4 *)src, y = *(const uint4 *)(src + 8 * KVA_MLA_D);
+  const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int st = 0; st < 4; st++) {
+    f[st][0] = mla_e4m3x2<KVA_F16>(xs[st]);       /* key g, k 2 tq .. (dims 4 st + 0, 1) */
+    f[st][1] = mla_e4m3x2<KVA_F16>(ys[st]);       /* key g + 8 */
+    f[st][2] = mla_e4m3x2<KVA_F16>(xs[st] >> 16); /* key g, k 2 tq + 8 .. (dims 4 st + 2, 3) */
+    f[st][3] = mla_e4m3x2<KVA_F16>(ys[st] >> 16);
+  }
+}
+
+/* Q's row `row`, column block cb, in place: its 32 words (dim pairs) into
+ * mla10_k_frags's k order (logical word 8 s + i <- dim pair 8 (i % 4) +
+ * 2 s + i / 4), and bf16 -> f16 times 2^-8 when Q is bf16 (as v2). */
+template <int QT, int NQ>
+static __device__ __forceinline__ void mla10_q_permute(unsigned char *p_q, int row, int cb) {
+  unsigned char *const base = p_q + cb * (NQ * 128) + row * 128;
+  const int sw = row & 7;
+  uint32_t w[32];
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    const uint4 v = *(const uint4 *)(base + ((q ^ sw) << 4));
+    w[4 * q] = v.x;
+    w[4 * q + 1] = v.y;
+    w[4 * q + 2] = v.z;
+    w[4 * q + 3] = v.w;
+  }
+  if (QT != KVA_F16)
+#pragma unroll
+    for (int i = 0; i < 32; i++) w[i] = mla_q_f16x2(w[i]);
+#pragma unroll
+  for (int q = 0; q < 8; q++) {
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const int lw = 4 * q + k, st = lw >> 3, i = lw & 7;
+      o[k] = w[8 * (i & 3) + 2 * st + (i >> 2)];
+    }
+    *(uint4 *)(base + ((q ^ sw) << 4)) = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
+template <int NQ>
+static __device__ __forceinline__ void mla10_mma_s_rs(float *d, const uint32_t a[4], uint64_t db,
+                                                      int acc) {
+  if (NQ == 16)
+    kva_wgmma_m64n16k16_rs_f16(d, a, db, acc);
+  else
+    kva_wgmma_m64n32k16_rs_f16(d, a, db, acc);
 }
 
 template <int QT, int NQ>
@@ -118,7 +162,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
   static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
   static_assert(KVA_MLA10_SMEM(NQ) <= 232448, "227 KB of smem per CTA");
   static_assert(NQ * OROW * 4 <= TILE, "O's rows fit the stage");
-  static_assert(12 * NQ * 4 + 21 * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
+  static_assert(12 * NQ * 4 + 12 * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u;
@@ -129,11 +173,12 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
   float *const red = (float *)(p_b8 + 3 * TILE8); /* [2][4 warps][NQ] */
   float *const cst = red + 8 * NQ;                /* [2][NQ]: a block's factors */
   float *const sm = cst + 2 * NQ, *const sl = sm + NQ;
-  /* mbarriers: byte stage full 0-2, empty 3-5; column blocks 6-14; pfull
-   * 15-16, pempty 17-18; stats full 19, empty 20 */
+  /* mbarriers: byte stage full 0-2 (the O threads' fills), empty 3-5
+   * (read by warpgroup 0's S^T and the O threads' conversion); pfull 6-7,
+   * pempty 8-9; stats full 10, empty 11 */
   const uint32_t s_bar = s_b8 + 3 * TILE8 + 12 * NQ * 4;
-  const uint32_t col_bar = s_bar + 8 * 6, sfull = s_bar + 8 * 19, sempty = s_bar + 8 * 20;
-  volatile int *const flag = (volatile int *)(p_b8 + 3 * TILE8 + 12 * NQ * 4 + 21 * 8);
+  const uint32_t sfull = s_bar + 8 * 10, sempty = s_bar + 8 * 11;
+  volatile int *const flag = (volatile int *)(p_b8 + 3 * TILE8 + 12 * NQ * 4 + 12 * 8);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -147,10 +192,10 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
     mla_prefetch_first<1>(a, wk, a.prefetch_keys);
   if (tid == 0) {
 #pragma unroll 1
-    for (int i = 0; i < 21; i++)
-      kva_mbar_init(s_bar + 8 * i, (i >= 6 && i < 15) || i == 15 || i == 16 || i == 19
-                                       ? KVA_MLA_THREADS / 2
-                                       : KVA_MLA_THREADS);
+    for (int i = 0; i < 12; i++)
+      kva_mbar_init(s_bar + 8 * i, i >= 3 && i < 6       ? KVA_MLA10_THREADS
+                                   : i == 6 || i == 7 || i == 10 ? KVA_MLA_THREADS / 2
+                                                                 : KVA_MLA_THREADS);
   }
   __syncthreads(); /* the inits are seen by every thread */
   /* Q, the latents and the outputs belong to the kernels before (PDL) */
@@ -188,11 +233,9 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         }
         kva_cp_async_commit();
         kva_cp_async_wait<0>();
-        if (CT != QT)
-          for (int i = tw; i < NQ * (KVA_MLA_D / 8); i += 128) {
-            const int row = i / (KVA_MLA_D / 8), c = i - row * (KVA_MLA_D / 8);
-            mla_q_f16x8((uint4 *)(p_q + mla_sw<NQ>(row, c)));
-          }
+        mla10_sync(KVA_MLA10_BAR_S, 128); /* every thread's copies landed */
+        for (int i = tw; i < NQ * (KVA_MLA_D / 64); i += 128)
+          mla10_q_permute<QT, NQ>(p_q, i % NQ, i / NQ);
         kva_fence_proxy_async_smem(); /* Q -> wgmma */
       }
       mla10_sync(KVA_MLA10_BAR_S, 128); /* Q seen by every warp */
@@ -207,7 +250,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           mr[jj][e] = -INFINITY;
           lr[jj][e] = 0.0f;
         }
-      const uint64_t dk = mla_desc(s_st, 16, 1024), dq = mla_desc(s_q, 16, 1024);
+      const uint64_t dq = mla_desc(s_q, 16, 1024);
       for (int j = 0; j < nblk; j++) {
         const uint32_t u = nb + (uint32_t)j, pb = u & 1u;
         const int kt = k0 + j * BN;
@@ -217,19 +260,29 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           sacc[i] = 0.0f;
           kva_reg_fence_f32(&sacc[i]);
         }
-        kva_wgmma_fence();
-        /* each column block as soon as it is converted, in the converters'
-         * order (warpgroup 1: the rope block, then 0..3; warpgroup 2: 4..7) */
+        /* S^T: K's bytes converted into A fragments a column block at a
+         * time (two sets: a set is rewritten once the wgmmas that read it
+         * are over) */
+        const uint32_t sb = u % 3;
+        kva_mbar_wait(s_bar + 8 * sb, (u / 3) & 1u); /* the block's bytes */
+        const unsigned char *const st8 = p_b8 + sb * TILE8;
+        uint32_t kf[2][4][4];
 #pragma unroll
-        for (int k = 0; k < 9; k++) {
-          const int cb = k == 0 ? 8 : (k & 1) ? (k - 1) / 2 : 4 + (k - 2) / 2;
-          kva_mbar_wait(col_bar + 8 * cb, u & 1u);
+        for (int cb = 0; cb < 9; cb++) {
+          if (cb >= 2) kva_wgmma_wait<1>();
+          mla10_k_frags(kf[cb & 1], st8, cb, wq, g, tq);
 #pragma unroll
-          for (int t = 0; t < 4; t++)
-            mla10_mma_s<NQ>(sacc, dk + ((uint32_t)(cb * KB + t * 32) >> 4),
-                            dq + ((uint32_t)(cb * QB + t * 32) >> 4), k > 0 || t > 0);
+          for (int st = 0; st < 4; st++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb & 1][st][i]);
+          kva_wgmma_fence();
+#pragma unroll
+          for (int st = 0; st < 4; st++)
+            mla10_mma_s_rs<NQ>(sacc, kf[cb & 1][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
+                               cb > 0 || st > 0);
+          kva_wgmma_commit();
         }
-        kva_wgmma_commit();
+        kva_mbar_arrive(s_bar + 8 * (3 + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[i]);
@@ -266,7 +319,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
         mla10_sync(KVA_MLA10_BAR_S, 128);
         /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
-        kva_mbar_wait(s_bar + 8 * (17 + pb), ((u >> 1) & 1u) ^ 1u);
+        kva_mbar_wait(s_bar + 8 * (8 + pb), ((u >> 1) & 1u) ^ 1u);
         unsigned char *const pp = p_p + pb * PB;
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++)
@@ -290,7 +343,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             if (wq == 0 && g == 0) cst[pb * NQ + n] = c;
           }
         kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
-        kva_mbar_arrive(s_bar + 8 * (15 + pb));
+        kva_mbar_arrive(s_bar + 8 * (6 + pb));
       }
       /* the chunk's end: each row's m and l (l over the lanes and warps) */
 #pragma unroll
@@ -327,15 +380,16 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
 #pragma unroll 1
       for (int b = 0; b < 3 && b < nblk; b++)
         mla10_fill(s_b8, s_bar, nb + (uint32_t)b, kvg, pt, k0 + b * BN, k1, a, ct);
-      /* the chunk's first block, column block by column block (S^T follows) */
+      /* the chunk's first block's V */
       if (nblk > 0) {
         const uint32_t sb = nb % 3;
         kva_mbar_wait(s_bar + 8 * sb, (nb / 3) & 1u);
         const unsigned char *const st8 = p_b8 + sb * TILE8;
-        if (h == 0) mla10_convert_arrive(p_st, st8, 8, k1 - k0, tw, col_bar);
 #pragma unroll
-        for (int c = 0; c < 4; c++) mla10_convert_arrive(p_st, st8, 4 * h + c, k1 - k0, tw, col_bar);
+        for (int c = 0; c < 4; c++) mla10_convert_col(p_st, st8, 4 * h + c, k1 - k0, tw);
         kva_mbar_arrive(s_bar + 8 * (3 + sb)); /* this thread's reads of the bytes are over */
+        kva_fence_proxy_async_smem();          /* generic stores -> this warpgroup's wgmma */
+        mla10_sync(KVA_MLA10_BAR_H + h, 128);
         if (3 < nblk) mla10_fill(s_b8, s_bar, nb + 3, kvg, pt, k0 + 3 * BN, k1, a, ct);
       }
       const uint64_t dv = mla_desc(s_st + 4 * h * KB, KB, 1024), dp = mla_desc(s_p, 16, 1024);
@@ -343,8 +397,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sn = (u + 1) % 3;
         const bool nxt = j + 1 < nblk;
         const int kn = k0 + (j + 1) * BN; /* the next block */
-        if (nxt) kva_mbar_wait(s_bar + 8 * sn, ((u + 1) / 3) & 1u); /* its bytes */
-        kva_mbar_wait(s_bar + 8 * (15 + pb), (u >> 1) & 1u); /* P^T and the factors */
+        kva_mbar_wait(s_bar + 8 * (6 + pb), (u >> 1) & 1u); /* P^T and the factors */
         float cf[NJ][2];
         bool moved = false;
 #pragma unroll
@@ -375,30 +428,31 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
                             dp + ((uint32_t)(pb * PB + t * 32) >> 4));
           kva_wgmma_commit();
         }
-        /* the next block converted under them: the rope block at once (only
-         * S^T read it), column block 4 h + c once tile c is over in every
-         * warp (a warp's wait covers its own rows of V^T) */
+        /* the next block's V under them: column block 4 h + c once tile c is
+         * over in every warp (a warp's wait covers its own rows of V^T) */
         const unsigned char *const st8 = p_b8 + sn * TILE8;
-        if (nxt && h == 0) mla10_convert_arrive(p_st, st8, 8, k1 - kn, tw, col_bar);
+        if (nxt) kva_mbar_wait(s_bar + 8 * sn, ((u + 1) / 3) & 1u); /* its bytes */
         kva_wgmma_wait<3>();
         mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h, k1 - kn, tw, col_bar);
+        if (nxt) mla10_convert_col(p_st, st8, 4 * h, k1 - kn, tw);
         kva_wgmma_wait<2>();
         mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h + 1, k1 - kn, tw, col_bar);
+        if (nxt) mla10_convert_col(p_st, st8, 4 * h + 1, k1 - kn, tw);
         kva_wgmma_wait<1>();
         mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_arrive(p_st, st8, 4 * h + 2, k1 - kn, tw, col_bar);
+        if (nxt) mla10_convert_col(p_st, st8, 4 * h + 2, k1 - kn, tw);
         kva_wgmma_wait<0>();
 #pragma unroll
         for (int c = 0; c < 4; c++)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
         mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        kva_mbar_arrive(s_bar + 8 * (17 + pb)); /* P^T read */
+        kva_mbar_arrive(s_bar + 8 * (8 + pb)); /* P^T read */
         if (nxt) {
-          mla10_convert_arrive(p_st, st8, 4 * h + 3, k1 - kn, tw, col_bar);
+          mla10_convert_col(p_st, st8, 4 * h + 3, k1 - kn, tw);
           kva_mbar_arrive(s_bar + 8 * (3 + sn)); /* this thread's reads of the bytes are over */
+          kva_fence_proxy_async_smem();          /* generic stores -> this warpgroup's wgmma */
+          mla10_sync(KVA_MLA10_BAR_H + h, 128);
           if (j + 4 < nblk) mla10_fill(s_b8, s_bar, u + 4, kvg, pt, kn + 3 * BN, k1, a, ct);
         }
       }
