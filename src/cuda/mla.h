@@ -85,9 +85,10 @@ extern "C" {
   (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 
 /* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16 or 32 query rows
- * a CTA): Q ([9][NQ rows][128 B]), one 16-bit stage of a 64-key block,
- * two P^T buffers ([NQ rows][64 keys]), three byte stages and 2 KB of
- * row maxima, factors, m, l, 21 mbarriers and a flag. */
+ * a CTA): Q ([9][NQ rows][128 B]), one 16-bit stage of a 64-key block (V
+ * in its first 8 column blocks; O's f32 rows at a chunk's end), two P^T
+ * buffers ([NQ rows][64 keys]), three byte stages and 2 KB of row maxima,
+ * factors, m, l, 12 mbarriers and a flag. */
 #define KVA_MLA10_THREADS 384
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)

@@ -12,22 +12,28 @@
  * cycles on the probe (bench/wgmma_rate.cu), under the ~2900 a 36 KB
  * block takes to stream at the copy rate.
  *
- * Roles (384 threads, v9's): warpgroup 0 loads Q (f16, times 2^-8 for a
- * bf16 Q, as v2), issues S^T column block by column block as each is
- * converted, runs the online softmax down S^T's columns (a row's max over
+ * Roles (384 threads, v9's). Warpgroup 0 loads Q (f16, times 2^-8 for a
+ * bf16 Q, as v2; its smem rows permuted into the k order of the A
+ * fragments below) and, per block, converts K's bytes straight into the
+ * A fragments of S^T (e4m3 -> f16 in registers, a column block at a time,
+ * rs wgmma), runs the online softmax down S^T's columns (a row's max over
  * the block through smem between its four warps), writes P^T (f16, [NQ
  * rows][64 keys], a K-major B operand) and the rows' factors into one of
- * two buffers and arrives on its `pfull`. The two O warpgroups own O^T's
- * dims 256 h .. 256 h + 255 and the one 16-bit stage's column blocks
- * they read (4 h .. 4 h + 3, and the rope block for h = 0). Per block
- * they wait for P^T, rescale O^T and issue its four 64-dim tiles as four
- * commit groups; under them they convert the next block's bytes (e4m3 ->
- * f16), each column block once the tile that read it is over in every
- * warp, fenced and arrived on its mbarrier, so that warpgroup 0's next
- * S^T follows the conversion; then `pempty` and the refill of the byte
- * stage three blocks ahead (one bulk copy per page run). H100, FlashMLA's
- * fp8 rows at 16 rows: 0.41 ms with the conversion after O^T and S^T
- * after all of it, 0.337 with this order (v2: 0.51).
+ * two buffers and arrives on its `pfull`; it never touches the 16-bit
+ * stage, so it runs a block ahead of the O warpgroups. The two O
+ * warpgroups own O^T's dims 256 h .. 256 h + 255 and V's column blocks
+ * 4 h .. 4 h + 3 of the one 16-bit stage: per block they wait for P^T,
+ * rescale O^T and issue its four 64-dim tiles as four commit groups;
+ * under them they convert the next block's V, each column block once the
+ * tile that read it is over in every warp of the warpgroup, fence, and
+ * refill the byte stage three blocks ahead (one bulk copy per page run).
+ * A byte stage is refilled once warpgroup 0 and both O warpgroups read it.
+ *
+ * H100 (FlashMLA's fp8 h16 s_q1 sk8192 row, v2 0.515 ms): 0.41 ms with
+ * one 16-bit stage of K and V converted by the O warpgroups after O^T,
+ * 0.337 with it converted under O^T column block by column block, 0.261
+ * (0.77 of copy) with K converted in registers (the conversion was the
+ * chain's largest part: 0.218 ms with it compiled out).
  *
  * At a chunk's end warpgroup 0 leaves each row's m and l in smem; the O
  * warpgroups put O^T over the 16-bit stage as O's rows (f32), read them
