@@ -85,16 +85,16 @@ extern "C" {
   (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 
 /* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16 or 32 query rows
- * a CTA): Q ([9][NQ rows][128 B]), one 16-bit stage of a 64-key block (V
- * in its first 8 column blocks; O's f32 rows at a chunk's end), two P^T
- * buffers ([NQ rows][64 keys]), three byte stages and 2 KB of row maxima,
- * factors, m, l, 12 mbarriers and a flag. */
+ * a CTA): Q ([9][NQ rows][128 B]), two P^T buffers ([NQ rows][64 keys]),
+ * five byte stages of a 64-key block (O's f32 rows at a chunk's end) and
+ * 2 KB of row maxima, factors, m, l, 16 mbarriers and a flag. */
 #define KVA_MLA10_THREADS 384
+#define KVA_MLA10_STAGES 5
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)
 #define KVA_MLA10_MISC 2048
-#define KVA_MLA10_SMEM(nq)                                                                \
-  (1024 + KVA_MLA10_Q(nq) + KVA_MLA5_TILE + 2 * KVA_MLA10_P(nq) + 3 * KVA_MLA9_TILE8 + \
+#define KVA_MLA10_SMEM(nq)                                                                   \
+  (1024 + KVA_MLA10_Q(nq) + 2 * KVA_MLA10_P(nq) + KVA_MLA10_STAGES * KVA_MLA9_TILE8 + \
    KVA_MLA10_MISC) /* 209920 (16), 232448 (32) */
 
 /* Kernel arguments (by value); batch-dependent values are read on the

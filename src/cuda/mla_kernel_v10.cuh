@@ -7,33 +7,34 @@
  * (0.515 ms, FlashMLA's h16 s_q1 sk8192 row), 1.65 TB/s with its wgmmas
  * compiled out. Here S^T = K Q^T (M = the block's 64 keys, N = NQ rows,
  * K = 576) and O^T += V^T P^T (M = 64 of V's dims, N = NQ rows, K = the
- * 64 keys, V^T read transposed from the same 16-bit stage), so the tensor
- * work follows the rows: at N = 16 a block's S^T and O^T took ~1360
- * cycles on the probe (bench/wgmma_rate.cu), under the ~2900 a 36 KB
- * block takes to stream at the copy rate.
+ * 64 keys), so the tensor work follows the rows: at N = 16 a block's
+ * S^T and O^T took ~1360 cycles on the probe (bench/wgmma_rate.cu, both
+ * operands from smem), under the ~2900 a 36 KB block takes to stream at
+ * the copy rate.
  *
- * Roles (384 threads, v9's). Warpgroup 0 loads Q (f16, times 2^-8 for a
- * bf16 Q, as v2; its smem rows permuted into the k order of the A
- * fragments below) and, per block, converts K's bytes straight into the
- * A fragments of S^T (e4m3 -> f16 in registers, a column block at a time,
- * rs wgmma), runs the online softmax down S^T's columns (a row's max over
- * the block through smem between its four warps), writes P^T (f16, [NQ
- * rows][64 keys], a K-major B operand) and the rows' factors into one of
- * two buffers and arrives on its `pfull`; it never touches the 16-bit
- * stage, so it runs a block ahead of the O warpgroups. The two O
- * warpgroups own O^T's dims 256 h .. 256 h + 255 and V's column blocks
- * 4 h .. 4 h + 3 of the one 16-bit stage: per block they wait for P^T,
- * rescale O^T and issue its four 64-dim tiles as four commit groups;
- * under them they convert the next block's V, each column block once the
- * tile that read it is over in every warp of the warpgroup, fence, and
- * refill the byte stage three blocks ahead (one bulk copy per page run).
- * A byte stage is refilled once warpgroup 0 and both O warpgroups read it.
+ * No 16-bit stage: both products take their A operand from registers,
+ * converted (e4m3 -> f16, exact) straight from the bytes, and smem holds
+ * Q, P^T and five byte stages. Roles (384 threads, v9's). Warpgroup 0
+ * loads Q (f16, times 2^-8 for a bf16 Q, as v2; its smem rows permuted
+ * into the k order of K's fragments), and per block builds S^T's A
+ * fragments from K's bytes a column block at a time (rs wgmma), runs the
+ * online softmax down S^T's columns (a row's max over the block through
+ * smem between its four warps), writes P^T (f16, [NQ rows][64 keys], a
+ * K-major B operand) and the rows' factors into one of two buffers and
+ * arrives on its `pfull`. The two O warpgroups own O^T's dims (tile c's
+ * M rows stand for dims 256 h + 64 wq + 8 g + 2 c and + 1, so one 8-byte
+ * load of a key feeds all four tiles): per block they wait for P^T,
+ * rescale O^T, build V^T's fragments per key step and issue the four
+ * tiles' rs wgmmas, then refill the byte stage five blocks ahead (one
+ * bulk copy per page run) once warpgroup 0 and both O warpgroups read it.
+ * Warpgroup 0 runs up to two blocks ahead (the P^T buffers).
  *
- * H100 (FlashMLA's fp8 h16 s_q1 sk8192 row, v2 0.515 ms): 0.41 ms with
- * one 16-bit stage of K and V converted by the O warpgroups after O^T,
- * 0.337 with it converted under O^T column block by column block, 0.261
- * (0.77 of copy) with K converted in registers (the conversion was the
- * chain's largest part: 0.218 ms with it compiled out).
+ * H100 (FlashMLA's fp8 h16 s_q1 sk8192 row, v2 0.515 ms): one 16-bit
+ * stage converted by the O warpgroups after O^T, S^T after all of it:
+ * 0.41 ms; converted under O^T column block by column block: 0.337; K
+ * converted in registers by warpgroup 0: 0.261 (the conversion was the
+ * chain's largest part, 0.218 ms with it compiled out). See
+ * docs/performance.md, "Thirty-third session".
  *
  * At a chunk's end warpgroup 0 leaves each row's m and l in smem; the O
  * warpgroups put O^T over the 16-bit stage as O's rows (f32), read them
@@ -56,43 +57,49 @@ static __device__ __forceinline__ void mla10_sync(int id, int count) {
   kva_bar_sync(id, count);
 }
 
-template <int NQ>
-static __device__ __forceinline__ void mla10_mma_o(float *d, uint64_t da, uint64_t db) {
-  if (NQ == 16)
-    kva_wgmma_m64n16k16_ss_f16_ta(d, da, db);
-  else
-    kva_wgmma_m64n32k16_ss_f16_ta(d, da, db);
-}
 
 /* The fill of the block at kt (global block index u) into byte stage
- * u % 3, once its last contents were converted (a fresh barrier passes
- * parity 1: a stage's first fill waits for nothing). ct: the O thread. */
+ * u % NS, once its last contents were read (a fresh barrier passes parity
+ * 1: a stage's first fill waits for nothing). ct: the O thread. */
 static __device__ __forceinline__ void mla10_fill(uint32_t s_b8, uint32_t s_bar, uint32_t u,
                                                   const unsigned char *kvg, const int32_t *pt,
                                                   int kt, int k1, const kva_mla_args &a, int ct) {
-  const uint32_t sb = u % 3, use = u / 3;
-  if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (3 + sb), (use & 1u) ^ 1u);
+  constexpr uint32_t NS = KVA_MLA10_STAGES;
+  const uint32_t sb = u % NS, use = u / NS;
+  if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (NS + sb), (use & 1u) ^ 1u);
   mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
 }
 
-/* V's column block cb (dims 64 cb .. 64 cb + 63) of the byte stage p_st8
- * into the 16-bit stage p_st (e4m3 -> f16, exact): rows tw / 4 and tw /
- * 4 + 32, 16 bytes (unit tw % 4) of each: a quarter warp's loads and
- * stores hit eight distinct 16-byte bank groups. Rows at or past `rows`
- * zeroed (masked P V stays finite). No fence. */
-static __device__ __forceinline__ void mla10_convert_col(unsigned char *p_st,
-                                                         const unsigned char *p_st8, int cb,
-                                                         int rows, int tw) {
-  const int u4 = tw & 3;
+/* O^T's A fragments (V^T, f16) for key step st straight from the bytes:
+ * the thread's M rows of its warpgroup's four 64-dim tiles c (16 wq + g,
+ * + 8) stand for dims 256 h + 64 wq + 8 g + 2 c (+ 1), so one 8-byte load
+ * of a key serves all four tiles; its keys are 16 st + 2 tq, + 1, + 8 and
+ * + 9 (the fragment's k columns), rows of the first pair loaded in an
+ * order that puts a quarter warp's loads on distinct banks. Keys at or
+ * past nrows read as zero (masked P V stays finite). */
+static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const unsigned char *st8,
+                                                     int st, int nrows, int h, int wq, int g,
+                                                     int tq) {
+  const int r0 = 16 * st + 2 * tq, odd = tq & 1;
+  const unsigned char *const base = st8 + 256 * h + 64 * wq + 8 * g;
+  const uint2 xa = *(const uint2 *)(base + (r0 + odd) * KVA_MLA_D);
+  const uint2 xb = *(const uint2 *)(base + (r0 + 1 - odd) * KVA_MLA_D);
+  const uint2 ya = *(const uint2 *)(base + (r0 + 8 + odd) * KVA_MLA_D);
+  const uint2 yb = *(const uint2 *)(base + (r0 + 9 - odd) * KVA_MLA_D);
+  const uint2 z = make_uint2(0u, 0u);
+  const uint2 x0 = r0 < nrows ? (odd ? xb : xa) : z, x1 = r0 + 1 < nrows ? (odd ? xa : xb) : z;
+  const uint2 y0 = r0 + 8 < nrows ? (odd ? yb : ya) : z, y1 = r0 + 9 < nrows ? (odd ? ya : yb) : z;
 #pragma unroll
-  for (int p = 0; p < 2; p++) {
-    const int row = (tw >> 2) + 32 * p;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (row < rows) x = *(const uint4 *)(p_st8 + row * KVA_MLA_D + 64 * cb + 16 * u4);
-    unsigned char *const d = p_st + cb * KVA_MLA5_KBLK + row * 128;
-    const int sw = row & 7;
-    *(uint4 *)(d + (((2 * u4) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x.x, x.y);
-    *(uint4 *)(d + (((2 * u4 + 1) ^ sw) << 4)) = mla_e4m3x8<KVA_F16>(x.z, x.w);
+  for (int c = 0; c < 4; c++) {
+    /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
+    const uint32_t sel = (uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u;
+    uint32_t px, py;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(px) : "r"(c < 2 ? x0.x : x0.y), "r"(c < 2 ? x1.x : x1.y), "r"(sel));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(py) : "r"(c < 2 ? y0.x : y0.y), "r"(c < 2 ? y1.x : y1.y), "r"(sel));
+    f[c][0] = mla_e4m3x2<KVA_F16>(px);       /* dim 2c, keys r0, r0 + 1 */
+    f[c][1] = mla_e4m3x2<KVA_F16>(px >> 16); /* dim 2c + 1 */
+    f[c][2] = mla_e4m3x2<KVA_F16>(py);       /* dim 2c, keys r0 + 8, r0 + 9 */
+    f[c][3] = mla_e4m3x2<KVA_F16>(py >> 16);
   }
 }
 
@@ -160,31 +167,31 @@ template <int QT, int NQ>
 __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
     kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
   constexpr int NJ = NQ / 8; /* 8-row groups of N */
-  constexpr int TILE = KVA_MLA5_TILE, TILE8 = KVA_MLA9_TILE8, BN = KVA_MLA5_BN;
-  constexpr int KB = KVA_MLA5_KBLK, QB = NQ * 128; /* a column block of the stage, of Q */
+  constexpr int TILE8 = KVA_MLA9_TILE8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES;
+  constexpr int QB = NQ * 128; /* a column block of Q */
   constexpr int PB = KVA_MLA10_P(NQ);
-  constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the stage at a chunk's end */
+  constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
   constexpr int CT = KVA_F16;          /* the tensor cores' type (fp8 latents) */
   static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
   static_assert(KVA_MLA10_SMEM(NQ) <= 232448, "227 KB of smem per CTA");
-  static_assert(NQ * OROW * 4 <= TILE, "O's rows fit the stage");
-  static_assert(12 * NQ * 4 + 12 * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
+  static_assert(NQ * OROW * 4 <= NS * TILE8, "O's rows fit the byte stages");
+  static_assert(12 * NQ * 4 + 4 * NS * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u;
   unsigned char *const p_q = smem + (s_q - s_raw);
-  const uint32_t s_st = s_q + KVA_MLA10_Q(NQ), s_p = s_st + TILE, s_b8 = s_p + 2 * PB;
-  unsigned char *const p_st = p_q + KVA_MLA10_Q(NQ);
-  unsigned char *const p_p = p_st + TILE, *const p_b8 = p_p + 2 * PB;
-  float *const red = (float *)(p_b8 + 3 * TILE8); /* [2][4 warps][NQ] */
+  const uint32_t s_p = s_q + KVA_MLA10_Q(NQ), s_b8 = s_p + 2 * PB;
+  unsigned char *const p_p = p_q + KVA_MLA10_Q(NQ), *const p_b8 = p_p + 2 * PB;
+  float *const red = (float *)(p_b8 + NS * TILE8); /* [2][4 warps][NQ] */
   float *const cst = red + 8 * NQ;                /* [2][NQ]: a block's factors */
   float *const sm = cst + 2 * NQ, *const sl = sm + NQ;
-  /* mbarriers: byte stage full 0-2 (the O threads' fills), empty 3-5
-   * (read by warpgroup 0's S^T and the O threads' conversion); pfull 6-7,
-   * pempty 8-9; stats full 10, empty 11 */
-  const uint32_t s_bar = s_b8 + 3 * TILE8 + 12 * NQ * 4;
-  const uint32_t sfull = s_bar + 8 * 10, sempty = s_bar + 8 * 11;
-  volatile int *const flag = (volatile int *)(p_b8 + 3 * TILE8 + 12 * NQ * 4 + 12 * 8);
+  /* mbarriers: byte stage full 0..NS-1 (the O threads' fills), empty
+   * NS..2NS-1 (read by warpgroup 0's S^T and the O warpgroups' O^T); then
+   * pfull x 2, pempty x 2, stats full, stats empty */
+  const uint32_t s_bar = s_b8 + NS * TILE8 + 12 * NQ * 4;
+  const uint32_t pfull = s_bar + 8 * (2 * NS), pempty = pfull + 16;
+  const uint32_t sfull = pempty + 16, sempty = sfull + 8;
+  volatile int *const flag = (volatile int *)(p_b8 + NS * TILE8 + 12 * NQ * 4 + 4 * NS * 8);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
@@ -198,10 +205,11 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
     mla_prefetch_first<1>(a, wk, a.prefetch_keys);
   if (tid == 0) {
 #pragma unroll 1
-    for (int i = 0; i < 12; i++)
-      kva_mbar_init(s_bar + 8 * i, i >= 3 && i < 6       ? KVA_MLA10_THREADS
-                                   : i == 6 || i == 7 || i == 10 ? KVA_MLA_THREADS / 2
-                                                                 : KVA_MLA_THREADS);
+    for (int i = 0; i < 2 * NS + 6; i++) /* pfull and stats full: warpgroup 0 */
+      kva_mbar_init(s_bar + 8 * i, i >= NS && i < 2 * NS ? KVA_MLA10_THREADS
+                                   : i == 2 * NS || i == 2 * NS + 1 || i == 2 * NS + 4
+                                       ? KVA_MLA_THREADS / 2
+                                       : KVA_MLA_THREADS);
   }
   __syncthreads(); /* the inits are seen by every thread */
   /* Q, the latents and the outputs belong to the kernels before (PDL) */
@@ -269,8 +277,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         /* S^T: K's bytes converted into A fragments a column block at a
          * time (two sets: a set is rewritten once the wgmmas that read it
          * are over) */
-        const uint32_t sb = u % 3;
-        kva_mbar_wait(s_bar + 8 * sb, (u / 3) & 1u); /* the block's bytes */
+        const uint32_t sb = u % NS;
+        kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
         const unsigned char *const st8 = p_b8 + sb * TILE8;
         uint32_t kf[2][4][4];
 #pragma unroll
@@ -288,7 +296,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
                                cb > 0 || st > 0);
           kva_wgmma_commit();
         }
-        kva_mbar_arrive(s_bar + 8 * (3 + sb)); /* this thread's reads of the bytes are over */
+        kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[i]);
@@ -325,7 +333,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
         mla10_sync(KVA_MLA10_BAR_S, 128);
         /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
-        kva_mbar_wait(s_bar + 8 * (8 + pb), ((u >> 1) & 1u) ^ 1u);
+        kva_mbar_wait(pempty + 8 * pb, ((u >> 1) & 1u) ^ 1u);
         unsigned char *const pp = p_p + pb * PB;
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++)
@@ -349,7 +357,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             if (wq == 0 && g == 0) cst[pb * NQ + n] = c;
           }
         kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
-        kva_mbar_arrive(s_bar + 8 * (6 + pb));
+        kva_mbar_arrive(pfull + 8 * pb);
       }
       /* the chunk's end: each row's m and l (l over the lanes and warps) */
 #pragma unroll
@@ -384,26 +392,14 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 4 * NJ; i++) ot[c][i] = 0.0f;
 #pragma unroll 1
-      for (int b = 0; b < 3 && b < nblk; b++)
+      for (int b = 0; b < NS && b < nblk; b++)
         mla10_fill(s_b8, s_bar, nb + (uint32_t)b, kvg, pt, k0 + b * BN, k1, a, ct);
-      /* the chunk's first block's V */
-      if (nblk > 0) {
-        const uint32_t sb = nb % 3;
-        kva_mbar_wait(s_bar + 8 * sb, (nb / 3) & 1u);
-        const unsigned char *const st8 = p_b8 + sb * TILE8;
-#pragma unroll
-        for (int c = 0; c < 4; c++) mla10_convert_col(p_st, st8, 4 * h + c, k1 - k0, tw);
-        kva_mbar_arrive(s_bar + 8 * (3 + sb)); /* this thread's reads of the bytes are over */
-        kva_fence_proxy_async_smem();          /* generic stores -> this warpgroup's wgmma */
-        mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (3 < nblk) mla10_fill(s_b8, s_bar, nb + 3, kvg, pt, k0 + 3 * BN, k1, a, ct);
-      }
-      const uint64_t dv = mla_desc(s_st + 4 * h * KB, KB, 1024), dp = mla_desc(s_p, 16, 1024);
+      const uint64_t dp = mla_desc(s_p, 16, 1024);
       for (int j = 0; j < nblk; j++) {
-        const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sn = (u + 1) % 3;
-        const bool nxt = j + 1 < nblk;
-        const int kn = k0 + (j + 1) * BN; /* the next block */
-        kva_mbar_wait(s_bar + 8 * (6 + pb), (u >> 1) & 1u); /* P^T and the factors */
+        const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sb = u % NS;
+        const int kt = k0 + j * BN;
+        kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
+        kva_mbar_wait(pfull + 8 * pb, (u >> 1) & 1u);  /* P^T and the factors */
         float cf[NJ][2];
         bool moved = false;
 #pragma unroll
@@ -424,43 +420,33 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         for (int c = 0; c < 4; c++)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
-        kva_wgmma_fence();
-        /* O^T's four 64-dim tiles, a commit group each */
+        /* O^T += V^T P^T: per key step the four tiles' A fragments from the
+         * bytes (two sets: a set is rewritten once the wgmmas that read it
+         * are over) */
+        const unsigned char *const st8 = p_b8 + sb * TILE8;
+        uint32_t vf[2][4][4];
 #pragma unroll
-        for (int c = 0; c < 4; c++) {
+        for (int st = 0; st < 4; st++) {
+          if (st >= 2) kva_wgmma_wait<1>();
+          mla10_v_frags(vf[st & 1], st8, st, k1 - kt, h, wq, g, tq);
 #pragma unroll
-          for (int t = 0; t < 4; t++)
-            mla10_mma_o<NQ>(ot[c], dv + ((uint32_t)(c * KB + t * 2048) >> 4),
-                            dp + ((uint32_t)(pb * PB + t * 32) >> 4));
+          for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&vf[st & 1][c][i]);
+          kva_wgmma_fence();
+#pragma unroll
+          for (int c = 0; c < 4; c++)
+            mla10_mma_s_rs<NQ>(ot[c], vf[st & 1][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
           kva_wgmma_commit();
         }
-        /* the next block's V under them: column block 4 h + c once tile c is
-         * over in every warp (a warp's wait covers its own rows of V^T) */
-        const unsigned char *const st8 = p_b8 + sn * TILE8;
-        if (nxt) kva_mbar_wait(s_bar + 8 * sn, ((u + 1) / 3) & 1u); /* its bytes */
-        kva_wgmma_wait<3>();
-        mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_col(p_st, st8, 4 * h, k1 - kn, tw);
-        kva_wgmma_wait<2>();
-        mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_col(p_st, st8, 4 * h + 1, k1 - kn, tw);
-        kva_wgmma_wait<1>();
-        mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        if (nxt) mla10_convert_col(p_st, st8, 4 * h + 2, k1 - kn, tw);
+        kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
         for (int c = 0; c < 4; c++)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
-        mla10_sync(KVA_MLA10_BAR_H + h, 128);
-        kva_mbar_arrive(s_bar + 8 * (8 + pb)); /* P^T read */
-        if (nxt) {
-          mla10_convert_col(p_st, st8, 4 * h + 3, k1 - kn, tw);
-          kva_mbar_arrive(s_bar + 8 * (3 + sn)); /* this thread's reads of the bytes are over */
-          kva_fence_proxy_async_smem();          /* generic stores -> this warpgroup's wgmma */
-          mla10_sync(KVA_MLA10_BAR_H + h, 128);
-          if (j + 4 < nblk) mla10_fill(s_b8, s_bar, u + 4, kvg, pt, kn + 3 * BN, k1, a, ct);
-        }
+        kva_mbar_arrive(pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
+        if (j + NS < nblk) mla10_fill(s_b8, s_bar, u + NS, kvg, pt, kt + NS * BN, k1, a, ct);
       }
       /* ---- the chunk's end ---- */
       kva_mbar_wait(sfull, nc & 1u);
@@ -472,16 +458,16 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         lt[hf] = lrow < NQ ? sl[lrow] : 0.0f;
       }
       kva_mbar_arrive(sempty);
-      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over: the stage is free */
-      float *const orows = (float *)p_st;           /* [NQ][OROW] */
+      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
+      float *const orows = (float *)p_b8;           /* [NQ][OROW]: no fill is in flight */
 #pragma unroll
       for (int c = 0; c < 4; c++)
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++)
 #pragma unroll
           for (int i = 0; i < 4; i++)
-            orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * c + 16 * wq + g +
-                  8 * (i >> 1)] = ot[c][4 * jj + i];
+            orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * wq + 8 * g + 2 * c +
+                  (i >> 1)] = ot[c][4 * jj + i];
       if (nsplit == 2 && ct == 0) *flag = mla_known_last(a, r, ch.split);
       mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
       float o[2][64];
@@ -500,9 +486,10 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           }
       }
       const int known_last = nsplit == 2 && *flag;
+      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
       mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, ch.split, nsplit, known_last,
                                                    nt, tok0, row0, rows, ct, h, wq, g, tq, flag,
-                                                   (float *)p_b8, (size_t)3 * TILE8);
+                                                   (float *)p_b8, (size_t)NS * TILE8);
       /* the merge's scratch (generic writes) before the next bulk copies;
        * O's rows read before the next conversion */
       kva_fence_proxy_async_smem();

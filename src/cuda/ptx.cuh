@@ -376,10 +376,8 @@ static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_f16(float d[16], u
       : KVA_WGMMA_OUT16(d)
       : "l"(desc_a), "l"(desc_b), "r"(scale_d));
 }
-/* MLA v10's keys-as-M shapes (f16): S^T = K Q^T with A (K) from
- * registers and B K-major (N = 16 or 32 query rows), and O^T += V^T P^T
- * with A MN-major (transposed: V^T read from V's [keys][dims] rows) and B
- * K-major. */
+/* MLA v10's keys-as-M shapes (f16, N = 16 or 32 query rows): A from
+ * registers (K for S^T = K Q^T, V^T for O^T += V^T P^T), B K-major. */
 #define KVA_WGMMA_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
 #define KVA_WGMMA_OUT8(d) \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
@@ -400,20 +398,6 @@ static __device__ __forceinline__ void kva_wgmma_m64n32k16_rs_f16(float d[16], c
       ", {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
       : KVA_WGMMA_OUT16(d)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-static __device__ __forceinline__ void kva_wgmma_m64n16k16_ss_f16_ta(float d[8], uint64_t desc_a,
-                                                                     uint64_t desc_b) {
-  asm volatile("wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " KVA_WGMMA_D8
-               ", %8, %9, 1, 1, 1, 1, 0;\n"
-               : KVA_WGMMA_OUT8(d)
-               : "l"(desc_a), "l"(desc_b));
-}
-static __device__ __forceinline__ void kva_wgmma_m64n32k16_ss_f16_ta(float d[16], uint64_t desc_a,
-                                                                     uint64_t desc_b) {
-  asm volatile("wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " KVA_WGMMA_D16
-               ", %16, %17, 1, 1, 1, 1, 0;\n"
-               : KVA_WGMMA_OUT16(d)
-               : "l"(desc_a), "l"(desc_b));
 }
 /* D += A (64x16 from registers, mma.sync A-fragment layout per warp) * B
  * (16x128, smem descriptor, MN-major: transposed). */

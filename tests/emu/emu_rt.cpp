@@ -694,7 +694,7 @@ static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
        * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256),
        * bit 6 B MN-major with A from smem (ss), bit 7 B K-major with A from registers,
-       * bit 8 N = 248, bit 9 N = 8, bit 10 A MN-major (ss); 73 warp in group */
+       * bit 8 N = 248, bit 9 N = 8; 73 warp in group */
       const uint32_t fl = op.flags;
       const int N = emu_wg_n(fl);
       const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
@@ -728,13 +728,6 @@ static void wg_execute(Warp &W, WgOp &op) {
           A[g + 8][2 * q] = h2f(r[1] & 0xffff, bf); A[g + 8][2 * q + 1] = h2f(r[1] >> 16, bf);
           A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
           A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
-        }
-      } else if (fl & 1024u) { /* MN-major A (transposed): element (r, k) at r's 64-block, k's row */
-        uint32_t st = field(da, 0), lbo = field(da, 16), sbo = field(da, 32);
-        for (int i = 0; i < 16; i++) {
-          int r = 16 * wq + i;
-          for (int k = 0; k < 16; k++)
-            A[i][k] = rd(swz(st + (r / 64) * lbo + (r % 64) * 2 + (k / 8) * sbo + (k % 8) * 128));
         }
       } else { /* K-major A: row r of the 64-row tile, this warp's rows 16 wq.. */
         uint32_t st = field(da, 0), sbo = field(da, 32);
@@ -783,14 +776,7 @@ static void wg_check_visible(Warp &W, const WgOp &op) {
     fprintf(stderr, "wgmma (warp %d) reads smem at %u written after the last fence.proxy.async\n", w, a);
     abort();
   };
-  if (!rs && (op.flags & 1024u)) { /* MN-major A */
-    uint32_t st = field(op.da, 0), lbo = field(op.da, 16), sbo = field(op.da, 32);
-    for (int i = 0; i < 16; i++) {
-      int r = 16 * wq + i;
-      for (int k = 0; k < 16; k++)
-        chk(swz(st + (r / 64) * lbo + (r % 64) * 2 + (k / 8) * sbo + (k % 8) * 128));
-    }
-  } else if (!rs) {
+  if (!rs) {
     uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
     for (int i = 0; i < 16; i++) {
       int r = 16 * wq + i;
@@ -835,10 +821,8 @@ void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t 
 /* A K-major from smem, B MN-major (bit 6): MLA v5's P V with P in smem */
 void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 32u | 64u); }
 void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 32u | 64u); }
-/* keys-as-M shapes (MLA v10): N = 16 (bits 3-4 = 3); bit 10: A MN-major */
+/* keys-as-M shapes (MLA v10): N = 16 (bits 3-4 = 3) or 32, A from registers, B K-major */
 void kva_wgmma_m64n16k16_rs_f16(float d[8], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 2u | 24u | 128u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n32k16_rs_f16(float d[16], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 2u | 16u | 128u | (scale_d ? 4u : 0u)); }
-void kva_wgmma_m64n16k16_ss_f16_ta(float d[8], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 24u | 1024u); }
-void kva_wgmma_m64n32k16_ss_f16_ta(float d[16], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 16u | 1024u); }
 void kva_wgmma_commit(void) { collective(OP_WG_COMMIT); }
 void emu_wgmma_wait(int n) { warps[cur / 32].in[cur & 31][0] = (uint32_t)n; collective(OP_WG_WAIT); }
