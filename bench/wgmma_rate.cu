@@ -12,6 +12,27 @@
 
 #include "probe.cuh"
 
+/* words of arbitrary 16-bit values near 1 (speed only), made visible to
+ * the wgmmas; the whole CTA */
+static __device__ __forceinline__ void probe_fill(unsigned char *p, int words) {
+  for (int i = threadIdx.x; i < words; i += blockDim.x)
+    ((uint32_t *)p)[i] = 0x3c003c00u ^ ((uint32_t)i * 2654435761u & 0x00ff00ffu);
+  __syncthreads();
+  kva_fence_proxy_async_smem();
+  __syncthreads();
+}
+
+/* the slowest warpgroup's cycles of a launch (cycles[2 * sm + wg]) */
+static double probe_max_cycles(const unsigned long long *dc, int sms, int wgs) {
+  unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
+  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
+  double maxc = 0;
+  for (int i = 0; i < sms; i++)
+    for (int w = 0; w < wgs; w++) maxc = hc[2 * i + w] > maxc ? (double)hc[2 * i + w] : maxc;
+  free(hc);
+  return maxc;
+}
+
 template <int N>
 static __device__ __forceinline__ void s_kstep(float *d, uint64_t da, uint64_t db, int acc) {
   if (N == 32) kva_wgmma_m64n32k16_ss_bf16(d, da, db, acc);
@@ -27,11 +48,7 @@ __global__ void __launch_bounds__(256, 1) s_rate(int iters, int wgs, unsigned lo
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_a = (s_raw + 1023u) & ~1023u, s_b = s_a + 9 * QBLK;
   unsigned char *p = smem + (s_a - s_raw);
-  for (int i = threadIdx.x; i < 9 * (QBLK + KBLK) / 4; i += blockDim.x)
-    ((uint32_t *)p)[i] = 0x3c003c00u ^ ((uint32_t)i * 2654435761u & 0x00ff00ffu); /* bf16 ~1 */
-  __syncthreads();
-  kva_fence_proxy_async_smem();
-  __syncthreads();
+  probe_fill(p, 9 * (QBLK + KBLK) / 4);
   const int wg = threadIdx.x >> 7;
   if (wg >= wgs) return;
   float d[N / 2];
@@ -91,11 +108,7 @@ __global__ void __launch_bounds__(256, 1) t_rate(int iters, int wgs, unsigned lo
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_k = (s_raw + 1023u) & ~1023u, s_q = s_k + 9 * KBLK, s_p = s_q + 9 * QBLK;
   unsigned char *p = smem + (s_k - s_raw);
-  for (int i = threadIdx.x; i < (9 * (KBLK + QBLK) + QBLK) / 4; i += blockDim.x)
-    ((uint32_t *)p)[i] = 0x3c003c00u ^ ((uint32_t)i * 2654435761u & 0x00ff00ffu);
-  __syncthreads();
-  kva_fence_proxy_async_smem();
-  __syncthreads();
+  probe_fill(p, (9 * (KBLK + QBLK) + QBLK) / 4);
   const int wg = threadIdx.x >> 7;
   if (wg >= wgs) return;
   float s[N / 2], o[4][N / 2];
@@ -150,16 +163,11 @@ static void run_t(int sms, int wgs) {
   t_rate<N><<<sms, 256, smem>>>(iters, wgs, dc, sink);
   CHECK(cudaGetLastError());
   CHECK(cudaDeviceSynchronize());
-  unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
-  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
-  double maxc = 0;
-  for (int i = 0; i < sms; i++)
-    for (int w = 0; w < wgs; w++) maxc = hc[2 * i + w] > maxc ? (double)hc[2 * i + w] : maxc;
+  const double maxc = probe_max_cycles(dc, sms, wgs);
   const double flop = 2.0 * 64 * N * (576 + 256); /* S^T and half of O^T */
   printf("keys-as-M block (S^T + half O^T) N=%2d, %d warpgroup(s): %6.0f cycles per block per "
          "warpgroup, %6.0f useful flop/cycle/SM\n",
          N, wgs, maxc / iters, flop * iters * wgs / maxc);
-  free(hc);
   CHECK(cudaFree(dc));
   CHECK(cudaFree(sink));
 }
@@ -180,17 +188,12 @@ static void run(int sms, int wgs) {
   s_rate<N><<<sms, 256, smem>>>(iters, wgs, dc, sink);
   CHECK(cudaGetLastError());
   const float ms = probe_timer_stop_ms(&tm);
-  unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * 2 * sms);
-  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 2 * sms, cudaMemcpyDeviceToHost));
-  double maxc = 0;
-  for (int i = 0; i < sms; i++)
-    for (int w = 0; w < wgs; w++) maxc = hc[2 * i + w] > maxc ? (double)hc[2 * i + w] : maxc;
+  const double maxc = probe_max_cycles(dc, sms, wgs);
   const double flop_sm = 2.0 * 64 * N * 576 * iters * wgs; /* per SM */
   printf("S 64 x %3d x 576, %d warpgroup(s): %6.0f flop/cycle/SM (%.0f%% of 4096), %6.1f TFLOP/s, "
          "%.0f cycles per S per warpgroup\n",
          N, wgs, flop_sm / maxc, 100.0 * flop_sm / maxc / 4096, flop_sm * sms / (ms * 1e-3) / 1e12,
          maxc / iters);
-  free(hc);
   CHECK(cudaFree(dc));
   CHECK(cudaFree(sink));
 }
