@@ -4,9 +4,9 @@
  * tokens per request (causal and not), varlen with lengths off the 64
  * grid, page sizes 64/16/1, bf16/f16/fp8 latents, b = 1 long context split
  * over every worker, forced small splits, f32 and mixed-type Q/O (the
- * CUDA-core fallback), and a CUDA graph captured once and replayed for two
- * different batches. Prints "SKIP: no CUDA device" and exits 77 without a
- * GPU. */
+ * CUDA-core fallback), and CUDA graphs (bf16 and fp8 latents) captured
+ * once and replayed for two different batches. Prints "SKIP: no CUDA
+ * device" and exits 77 without a GPU. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,11 +211,12 @@ static void run_case(kva_context *ctx, const mla_case *c) {
 
 /* One graph captured for a bucket of 4 requests x up to 2 new tokens, then
  * replayed for two batches of different lengths (and sizes) through the same
- * Q/O/LSE buffers. */
-static void run_graph_case(kva_context *ctx) {
+ * Q/O/LSE buffers. bf16 latents at h64, or fp8 at h16 (v10's rows: the
+ * replays take 32 and 16 rows). */
+static void run_graph_case(kva_context *ctx, kva_dtype kvt, int hq) {
   static const int cached0[] = {3000, 70, 600, 1}, fresh0[] = {2, 2, 2, 2};
-  const mla_case c = {"graph bf16 p64 h64", 64, 64, 1, 0.f, KVA_BF16, KVA_BF16,
-                      4, cached0, fresh0, 0, 0, 1};
+  const mla_case c = {kvt == KVA_FP8_E4M3 ? "graph fp8 p64 h16" : "graph bf16 p64 h64", 64, hq, 1,
+                      0.f, KVA_BF16, kvt, 4, cached0, fresh0, 0, 0, 1};
   world w;
   if (!world_make(&w, ctx, &c)) {
     CHECK(0, "graph: setup");
@@ -328,7 +329,8 @@ int main(void) {
       {"b32 h16 s1-2 fp8 p64", 64, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 32, cb, fb, 0, 0, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
-  run_graph_case(ctx);
+  run_graph_case(ctx, KVA_BF16, 64);
+  run_graph_case(ctx, KVA_FP8_E4M3, 16);
   kva_context_destroy(ctx);
   return tu_summary("test_cuda_mla");
 }
