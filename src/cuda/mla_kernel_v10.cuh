@@ -37,9 +37,10 @@
  * docs/performance.md, "Thirty-third session".
  *
  * At a chunk's end warpgroup 0 leaves each row's m and l in smem; the O
- * warpgroups put O^T over the 16-bit stage as O's rows (f32), read them
- * back in v2's accumulator layout and run mla_finish_chunk (O, partial
- * rows, the merges), with the byte stages as the merge's scratch. Row
+ * warpgroups put O^T over the byte stages as O's rows (f32; no fill is in
+ * flight then), read them back in v2's accumulator layout and run
+ * mla_finish_chunk (O, partial rows, the merges), with the byte stages as
+ * the merge's scratch. Row
  * tiles are NQ rows (grid.y from the plan's capacity), so any batch is
  * covered; the kernel is picked for batches of <= NQ rows. */
 #ifndef KVA_CUDA_MLA_KERNEL_V10_CUH
@@ -56,7 +57,6 @@ static __device__ __forceinline__ void mla10_sync(int id, int count) {
   __syncwarp();
   kva_bar_sync(id, count);
 }
-
 
 /* The fill of the block at kt (global block index u) into byte stage
  * u % NS, once its last contents were read (a fresh barrier passes parity
