@@ -48,6 +48,10 @@
 
 #include "cuda/mla9_fp8.cuh"
 
+/* register sets of S^T's A fragments in flight (a set is a column block) */
+#ifndef KVA_MLA10_KSETS
+#define KVA_MLA10_KSETS 4
+#endif
 #define KVA_MLA10_BAR_S 1 /* warpgroup 0 */
 #define KVA_MLA10_BAR_O 2 /* the O warpgroups */
 #define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
@@ -280,19 +284,20 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         const uint32_t sb = u % NS;
         kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
         const unsigned char *const st8 = p_b8 + sb * TILE8;
-        uint32_t kf[2][4][4];
+        uint32_t kf[KVA_MLA10_KSETS][4][4];
 #pragma unroll
         for (int cb = 0; cb < 9; cb++) {
-          if (cb >= 2) kva_wgmma_wait<1>();
-          mla10_k_frags(kf[cb & 1], st8, cb, wq, g, tq);
+          constexpr int NK = KVA_MLA10_KSETS;
+          if (cb >= NK) kva_wgmma_wait<NK - 1>();
+          mla10_k_frags(kf[cb % NK], st8, cb, wq, g, tq);
 #pragma unroll
           for (int st = 0; st < 4; st++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb & 1][st][i]);
+            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
           kva_wgmma_fence();
 #pragma unroll
           for (int st = 0; st < 4; st++)
-            mla10_mma_s_rs<NQ>(sacc, kf[cb & 1][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
+            mla10_mma_s_rs<NQ>(sacc, kf[cb % NK][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
                                cb > 0 || st > 0);
           kva_wgmma_commit();
         }
