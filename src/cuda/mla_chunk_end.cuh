@@ -17,19 +17,27 @@
 
 #define KVA_MLA_LN2 0.6931471805599453f
 
+/* A named barrier of some of a CTA's warpgroups (v6, v9, v10: one
+ * warpgroup, or the O warpgroups): every instance is reached at one
+ * instruction by all its threads (bar.sync is .aligned; what crosses
+ * warpgroups' code goes through mbarriers), in whole warps: after a
+ * __syncwarp, since the compiler reconverges a warp before
+ * __syncthreads, not before inline asm (the merge's per-row loops can
+ * leave one split). */
+static __device__ __forceinline__ void mla_bar_sync(int id, int count) {
+  __syncwarp();
+  kva_bar_sync(id, count);
+}
+
 /* The barrier of the threads that end a chunk (KVA_MLA_THREADS of them):
- * NB 0 is the CTA's (v2, v5); v6, whose S warpgroup stays out of the
- * chunk's end, passes a named barrier of its two O warpgroups, after a
- * __syncwarp (the compiler reconverges a warp before __syncthreads, not
- * before inline asm: the merge's per-row loops can leave one split). */
+ * NB 0 is the CTA's (v2, v5); v6, v9 and v10, whose S warpgroup stays out
+ * of the chunk's end, pass a named barrier of their two O warpgroups. */
 template <int NB>
 static __device__ __forceinline__ void mla_end_sync(void) {
-  if (NB == 0) {
+  if (NB == 0)
     __syncthreads();
-  } else {
-    __syncwarp();
-    kva_bar_sync(NB, KVA_MLA_THREADS);
-  }
+  else
+    mla_bar_sync(NB, KVA_MLA_THREADS);
 }
 
 /* two floats -> Q's type (P in the kernels, O here) */

@@ -56,12 +56,6 @@
 #define KVA_MLA10_BAR_O 2 /* the O warpgroups */
 #define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
 
-/* A named barrier of warpgroup 0 or of the O warpgroups, in whole warps. */
-static __device__ __forceinline__ void mla10_sync(int id, int count) {
-  __syncwarp();
-  kva_bar_sync(id, count);
-}
-
 /* The fill of the block at kt (global block index u) into byte stage
  * u % NS, once its last contents were read (a fresh barrier passes parity
  * 1: a stage's first fill waits for nothing). ct: the O thread. */
@@ -98,8 +92,12 @@ static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const uns
     /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
     const uint32_t sel = (uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u;
     uint32_t px, py;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(px) : "r"(c < 2 ? x0.x : x0.y), "r"(c < 2 ? x1.x : x1.y), "r"(sel));
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(py) : "r"(c < 2 ? y0.x : y0.y), "r"(c < 2 ? y1.x : y1.y), "r"(sel));
+    asm("prmt.b32 %0, %1, %2, %3;"
+        : "=r"(px)
+        : "r"(c < 2 ? x0.x : x0.y), "r"(c < 2 ? x1.x : x1.y), "r"(sel));
+    asm("prmt.b32 %0, %1, %2, %3;"
+        : "=r"(py)
+        : "r"(c < 2 ? y0.x : y0.y), "r"(c < 2 ? y1.x : y1.y), "r"(sel));
     f[c][0] = mla_e4m3x2<KVA_F16>(px);       /* dim 2c, keys r0, r0 + 1 */
     f[c][1] = mla_e4m3x2<KVA_F16>(px >> 16); /* dim 2c + 1 */
     f[c][2] = mla_e4m3x2<KVA_F16>(py);       /* dim 2c, keys r0 + 8, r0 + 9 */
@@ -158,9 +156,10 @@ static __device__ __forceinline__ void mla10_q_permute(unsigned char *p_q, int r
   }
 }
 
+/* One rs k-step of either product (N = NQ): d (+)= A B */
 template <int NQ>
-static __device__ __forceinline__ void mla10_mma_s_rs(float *d, const uint32_t a[4], uint64_t db,
-                                                      int acc) {
+static __device__ __forceinline__ void mla10_mma_rs(float *d, const uint32_t a[4], uint64_t db,
+                                                    int acc) {
   if (NQ == 16)
     kva_wgmma_m64n16k16_rs_f16(d, a, db, acc);
   else
@@ -251,12 +250,12 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         }
         kva_cp_async_commit();
         kva_cp_async_wait<0>();
-        mla10_sync(KVA_MLA10_BAR_S, 128); /* every thread's copies landed */
+        mla_bar_sync(KVA_MLA10_BAR_S, 128); /* every thread's copies landed */
         for (int i = tw; i < NQ * (KVA_MLA_D / 64); i += 128)
           mla10_q_permute<QT, NQ>(p_q, i % NQ, i / NQ);
         kva_fence_proxy_async_smem(); /* Q -> wgmma */
       }
-      mla10_sync(KVA_MLA10_BAR_S, 128); /* Q seen by every warp */
+      mla_bar_sync(KVA_MLA10_BAR_S, 128); /* Q seen by every warp */
       /* this thread's S^T columns: rows 8 jj + 2 tq + e */
       int pos[NJ][2];
       float mr[NJ][2], lr[NJ][2];
@@ -297,7 +296,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           kva_wgmma_fence();
 #pragma unroll
           for (int st = 0; st < 4; st++)
-            mla10_mma_s_rs<NQ>(sacc, kf[cb % NK][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
+            mla10_mma_rs<NQ>(sacc, kf[cb % NK][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
                                cb > 0 || st > 0);
           kva_wgmma_commit();
         }
@@ -336,7 +335,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           for (int jj = 0; jj < NJ; jj++)
 #pragma unroll
             for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
-        mla10_sync(KVA_MLA10_BAR_S, 128);
+        mla_bar_sync(KVA_MLA10_BAR_S, 128);
         /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
         kva_mbar_wait(pempty + 8 * pb, ((u >> 1) & 1u) ^ 1u);
         unsigned char *const pp = p_p + pb * PB;
@@ -345,12 +344,14 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
 #pragma unroll
           for (int e = 0; e < 2; e++) {
             const int n = 8 * jj + 2 * tq + e;
-            const float bm = fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
+            const float bm =
+                fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
             const float mn = kva_online_max(mr[jj][e], bm);
             const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0 */
             const float c = kva_ex2(mr[jj][e] - mu);
             mr[jj][e] = mn;
-            const float p0 = kva_ex2(sacc[4 * jj + e] - mu), p1 = kva_ex2(sacc[4 * jj + 2 + e] - mu);
+            const float p0 = kva_ex2(sacc[4 * jj + e] - mu);     /* key 16 wq + g */
+            const float p1 = kva_ex2(sacc[4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
             lr[jj][e] = lr[jj][e] * c + p0 + p1;
             const uint32_t pk = kva_pack_f16x2(p0, p1);
 #pragma unroll
@@ -384,9 +385,9 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             rl[wq * NQ + n] = lr[jj][e];
             if (wq == 0) sm[n] = mr[jj][e];
           }
-      mla10_sync(KVA_MLA10_BAR_S, 128);
+      mla_bar_sync(KVA_MLA10_BAR_S, 128);
       if (tw < NQ) sl[tw] = rl[tw] + rl[NQ + tw] + rl[2 * NQ + tw] + rl[3 * NQ + tw];
-      mla10_sync(KVA_MLA10_BAR_S, 128); /* rl read before the next block writes it */
+      mla_bar_sync(KVA_MLA10_BAR_S, 128); /* rl read before the next block writes it */
       kva_mbar_arrive(sfull);
     } else {
       /* ---- the O warpgroups: bytes, conversion, O^T ---- */
@@ -441,7 +442,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           kva_wgmma_fence();
 #pragma unroll
           for (int c = 0; c < 4; c++)
-            mla10_mma_s_rs<NQ>(ot[c], vf[st & 1][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
+            mla10_mma_rs<NQ>(ot[c], vf[st & 1][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
           kva_wgmma_commit();
         }
         kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
@@ -463,7 +464,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         lt[hf] = lrow < NQ ? sl[lrow] : 0.0f;
       }
       kva_mbar_arrive(sempty);
-      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
+      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
       float *const orows = (float *)p_b8;           /* [NQ][OROW]: no fill is in flight */
 #pragma unroll
       for (int c = 0; c < 4; c++)
@@ -474,7 +475,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * wq + 8 * g + 2 * c +
                   (i >> 1)] = ot[c][4 * jj + i];
       if (nsplit == 2 && ct == 0) *flag = mla_known_last(a, r, ch.split);
-      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
+      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
       float o[2][64];
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) {
@@ -491,14 +492,14 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           }
       }
       const int known_last = nsplit == 2 && *flag;
-      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
+      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
       mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, ch.split, nsplit, known_last,
                                                    nt, tok0, row0, rows, ct, h, wq, g, tq, flag,
                                                    (float *)p_b8, (size_t)NS * TILE8);
       /* the merge's scratch (generic writes) before the next bulk copies;
        * O's rows read before the next conversion */
       kva_fence_proxy_async_smem();
-      mla10_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
+      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
     }
     nb += (uint32_t)nblk;
     nc++;

@@ -54,15 +54,6 @@
   } while (0)
 #endif
 
-/* A named barrier of one warpgroup or of the two O warpgroups: every
- * instance is reached at one instruction by all its threads (bar.sync is
- * .aligned; what crosses warpgroups' code goes through mbarriers), in
- * whole warps (see mla_end_sync). */
-static __device__ __forceinline__ void mla6_sync(int id, int count) {
-  __syncwarp();
-  kva_bar_sync(id, count);
-}
-
 template <int QT, int TMA>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
@@ -148,7 +139,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         /* every warp's S is over before any warp's P goes over the rope
          * columns it reads (the emulator caught keys 32..63 of a block read
          * after warp 2 had stored its P rows there) */
-        mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
+        mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
         mla_softmax_tile<QT, 8, false>(sacc, m, l, cf, pk, c.k0 + j * BN, c.k1, c.cached, pos, a,
                                        a.qk_mul, tq);
         /* P over the stage's rope column block; its factors; then ready */
@@ -221,7 +212,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla5_pv_ss<QT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla_fence_o(o);
-      mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
+      mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
     }
     MLA6_STAMP(3, kva_globaltimer());
@@ -240,7 +231,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
-    mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
+    mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     if (c.nblk > 0) {
       f0 += (c.nblk + 1) >> 1;
       f1 += c.nblk >> 1;

@@ -511,7 +511,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         kva_fence_proxy_async_smem(); /* the rope tile -> wgmma */
       }
       /* the rope tile and m, l are seen by every warp */
-      mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
+      mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
       for (int j = 0; j < c.nblk; j++) {
         const uint32_t st = s_st0 + s * TILE, bar = s_bar + 72 * s, par = (pw >> s) & 1u;
         /* a cp.async block's landing is fenced here; KV8's converters
@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         if (j > 0) kva_mbar_arrive(s_bar + 8 * (35 + (s == 0 ? NS - 1 : s - 1)));
         /* every warp's S is over before any warp's P goes over the rope
          * columns of K that it reads */
-        mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
+        mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
         mla9_softmax_store<MT, MT != QT>(sacc, sm, sl, cf, c.k0 + j * BN, c.k1, c.cached, row0, a,
                                p_st0 + s * TILE + 8 * KB, wq, g, tq);
         if (tq == 0) {
@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
          * P rows are out */
 #pragma unroll
         for (int i = 0; i < 8; i++) osl[i >> 2][i & 3] *= cf[(i >> 1) & 1];
-        mla6_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
+        mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
         mla9_pv_sliver<MT>(osl, st + 8 * KB, st);
         pw ^= 1u << s;
         s = s == NS - 1 ? 0 : s + 1;
@@ -631,7 +631,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla9_pv248<MT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla9_fence_o124(o);
-      mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
+      mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       /* and warpgroup 0's slivers, which read column blocks 3 and 7 (every
        * block's phase, refilled or not) */
       kva_mbar_wait(s_bar + 8 * (35 + s), (pw >> s) & 1u);
@@ -673,7 +673,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
      * the next chunk's blocks (preloaded: the count path, whose merge goes
      * item by item) */
     if (c.nsplit == 2 && ct == 0) *flag = !preloaded && mla_known_last(a, c.r, c.split);
-    if (c.nsplit == 2) mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
+    if (c.nsplit == 2) mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
     const int known_last = c.nsplit == 2 && *flag;
     trace_known_last += known_last;
     MLA9_PHASE(nchunk, 5, kva_globaltimer());
@@ -686,7 +686,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
      * writes there */
     if ((TMA && a.kv_tma) || KV8) kva_fence_proxy_async_smem();
     MLA9_PHASE(nchunk, 7, kva_globaltimer());
-    mla6_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
+    mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     nchunk++;
   }
   MLA9_STAMP(8, kva_globaltimer());
