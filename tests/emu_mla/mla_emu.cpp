@@ -125,11 +125,13 @@ static int run_case(const Case &c, int idx) {
   std::vector<float> lse1(e.lse.size());
   /* debugging: EMU_ONE_PASS=0|1 runs one pass and checks it against the reference */
   const int one_pass = getenv("EMU_ONE_PASS") ? atoi(getenv("EMU_ONE_PASS")) : -1;
-  for (int pass = one_pass >= 0 ? one_pass : 0; pass < (one_pass >= 0 ? one_pass + 1 : 2); pass++) {
+  const int pass0 = one_pass >= 0 ? one_pass : 0, pass1 = one_pass >= 0 ? one_pass + 1 : 2;
+  for (int pass = pass0; pass < pass1; pass++) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS); /* v10: 384 too */
+      /* v6, v9, v10: 384 threads */
+      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
     }
     if (emu_split_sem_dirty(sp, idx)) return 1;
     if (pass == 0 && one_pass < 0) {
@@ -153,9 +155,12 @@ static int run_case(const Case &c, int idx) {
     if (getenv("EMU_DIFF")) { /* debugging: the first elements that differ */
       int shown = 0;
       for (size_t i = 0; i < o1.size() && shown < 8; i++)
-        if (o1[i] != e.o[i]) { printf("  o[%zu] (row %zu col %zu): %04x vs %04x\n", i, i / DV, i % DV, o1[i], e.o[i]); shown++; }
+        if (o1[i] != e.o[i])
+          printf("  o[%zu] (row %zu col %zu): %04x vs %04x\n", i, i / DV, i % DV, o1[i], e.o[i]),
+              shown++;
       for (size_t i = 0; i < lse1.size() && shown < 16; i++)
-        if (memcmp(&lse1[i], &e.lse[i], 4)) { printf("  lse[%zu]: %g vs %g\n", i, lse1[i], e.lse[i]); shown++; }
+        if (memcmp(&lse1[i], &e.lse[i], 4))
+          printf("  lse[%zu]: %g vs %g\n", i, lse1[i], e.lse[i]), shown++;
     }
     return 1;
   }
