@@ -4,7 +4,9 @@
 #      skip loudly (exit 77) without a GPU,
 #   2. AddressSanitizer + UBSan build (CPU only) + ctest,
 #   3. libFuzzer targets (clang only), each for KVA_FUZZ_SECONDS (default 30),
-#   4. the Python package: a venv in build-py/venv, pip install numpy pytest and
+#   4. the CUDA kernels' host emulators (scripts/test_emulators.sh: the real
+#      kernel sources on the CPU against a double reference; no GPU needed),
+#   5. the Python package: a venv in build-py/venv, pip install numpy pytest and
 #      ./python (bundling build/libkvattn.so from stage 1), pytest on the CPU
 #      tests; the GPU tests skip loudly without torch and a GPU.
 # Every stage runs even if an earlier one failed; the last line summarizes and
@@ -104,6 +106,14 @@ else
   echo
   echo "== libFuzzer targets SKIPPED: clang not found"
   results+=("libFuzzer targets: skipped (no clang)")
+  skipped=$((skipped + 1))
+fi
+if command -v g++ >/dev/null; then
+  stage "CUDA kernels on the host emulators (CPU)" bash scripts/test_emulators.sh
+else
+  echo
+  echo "== CUDA kernels on the host emulators SKIPPED: g++ not found"
+  results+=("host emulators: skipped (no g++)")
   skipped=$((skipped + 1))
 fi
 stage "Python package (pip install ./python + pytest, CPU)" python_pkg

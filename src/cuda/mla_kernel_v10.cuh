@@ -91,13 +91,8 @@ static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const uns
   for (int c = 0; c < 4; c++) {
     /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
     const uint32_t sel = (uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u;
-    uint32_t px, py;
-    asm("prmt.b32 %0, %1, %2, %3;"
-        : "=r"(px)
-        : "r"(c < 2 ? x0.x : x0.y), "r"(c < 2 ? x1.x : x1.y), "r"(sel));
-    asm("prmt.b32 %0, %1, %2, %3;"
-        : "=r"(py)
-        : "r"(c < 2 ? y0.x : y0.y), "r"(c < 2 ? y1.x : y1.y), "r"(sel));
+    const uint32_t px = kva_prmt(c < 2 ? x0.x : x0.y, c < 2 ? x1.x : x1.y, sel);
+    const uint32_t py = kva_prmt(c < 2 ? y0.x : y0.y, c < 2 ? y1.x : y1.y, sel);
     f[c][0] = mla_e4m3x2<KVA_F16>(px);       /* dim 2c, keys r0, r0 + 1 */
     f[c][1] = mla_e4m3x2<KVA_F16>(px >> 16); /* dim 2c + 1 */
     f[c][2] = mla_e4m3x2<KVA_F16>(py);       /* dim 2c, keys r0 + 8, r0 + 9 */
