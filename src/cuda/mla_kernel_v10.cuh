@@ -52,6 +52,10 @@
 #ifndef KVA_MLA10_KSETS
 #define KVA_MLA10_KSETS 4
 #endif
+/* accumulator sets S^T's k-steps go round (then summed) */
+#ifndef KVA_MLA10_SACC
+#define KVA_MLA10_SACC 2
+#endif
 #define KVA_MLA10_BAR_S 1 /* warpgroup 0 */
 #define KVA_MLA10_BAR_O 2 /* the O warpgroups */
 #define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
@@ -266,14 +270,22 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
       for (int j = 0; j < nblk; j++) {
         const uint32_t u = nb + (uint32_t)j, pb = u & 1u;
         const int kt = k0 + j * BN;
-        float sacc[4 * NJ];
+        /* S^T's k-steps go round KVA_MLA10_SACC accumulator sets, summed
+         * after: at N = 16 or 32 a k-step is a few cycles of math, and one
+         * chain of 36 wgmmas on one accumulator waits on each. H100: two
+         * sets 0.3-1.4% faster on 11 of FlashMLA's 12 fp8 rows of 16 and
+         * 32 (the chain is not what bounds v10); three and four no better */
+        constexpr int SA = KVA_MLA10_SACC;
+        float sacc[SA][4 * NJ];
 #pragma unroll
-        for (int i = 0; i < 4 * NJ; i++) {
-          sacc[i] = 0.0f;
-          kva_reg_fence_f32(&sacc[i]);
-        }
+        for (int q = 0; q < SA; q++)
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; i++) {
+            sacc[q][i] = 0.0f;
+            kva_reg_fence_f32(&sacc[q][i]);
+          }
         /* S^T: K's bytes converted into A fragments a column block at a
-         * time (two sets: a set is rewritten once the wgmmas that read it
+         * time (a register set is rewritten once the wgmmas that read it
          * are over) */
         const uint32_t sb = u % NS;
         kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
@@ -291,15 +303,21 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           kva_wgmma_fence();
 #pragma unroll
           for (int st = 0; st < 4; st++)
-            mla10_mma_rs<NQ>(sacc, kf[cb % NK][st], dq + ((uint32_t)(cb * QB + st * 32) >> 4),
-                               cb > 0 || st > 0);
+            mla10_mma_rs<NQ>(sacc[(4 * cb + st) % SA], kf[cb % NK][st],
+                             dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
           kva_wgmma_commit();
         }
         kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
-        for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[i]);
-        /* logits (base 2), masked on a chunk's boundary blocks; sacc[4 jj +
+        for (int q = 0; q < SA; q++)
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[q][i]);
+#pragma unroll
+        for (int q = 1; q < SA; q++)
+#pragma unroll
+          for (int i = 0; i < 4 * NJ; i++) sacc[0][i] += sacc[q][i];
+        /* logits (base 2), masked on a chunk's boundary blocks; sacc[0][4 jj +
          * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
         const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
         float mx[NJ][2];
@@ -310,12 +328,12 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             mx[jj][e] = -INFINITY;
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
-              float x = sacc[4 * jj + 2 * hf + e] * qk_mul;
+              float x = sacc[0][4 * jj + 2 * hf + e] * qk_mul;
               if (need_mask) {
                 const int key = kt + 16 * wq + g + 8 * hf;
                 if (key >= k1 || (a.causal && key > pos[jj][e])) x = -INFINITY;
               }
-              sacc[4 * jj + 2 * hf + e] = x;
+              sacc[0][4 * jj + 2 * hf + e] = x;
               mx[jj][e] = fmaxf(mx[jj][e], x);
             }
             mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 4));
@@ -345,8 +363,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0 */
             const float c = kva_ex2(mr[jj][e] - mu);
             mr[jj][e] = mn;
-            const float p0 = kva_ex2(sacc[4 * jj + e] - mu);     /* key 16 wq + g */
-            const float p1 = kva_ex2(sacc[4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
+            const float p0 = kva_ex2(sacc[0][4 * jj + e] - mu);     /* key 16 wq + g */
+            const float p1 = kva_ex2(sacc[0][4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
             lr[jj][e] = lr[jj][e] * c + p0 + p1;
             const uint32_t pk = kva_pack_f16x2(p0, p1);
 #pragma unroll
