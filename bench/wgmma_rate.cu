@@ -172,6 +172,108 @@ static void run_t(int sms, int wgs) {
   CHECK(cudaFree(sink));
 }
 
+/* v10's S^T issue alone (the thirty-fourth session: it took ~1900 cycles a
+ * block in the kernel, ~50 a wgmma): 36 rs m64nNk16 k-steps a block, a
+ * commit group per 4, four register sets in flight (wait_group 3 before a
+ * set's reuse, all of it waited for at the block's end), B = N query rows
+ * from smem. conv 1: each set converted
+ * from 64 fp8 bytes a thread in smem first (two 16-byte loads, 16 cvt, as
+ * mla10_k_frags); conv 0: the sets are fixed registers. 1-3 warpgroups. */
+template <int N>
+static __device__ __forceinline__ void rs_kstep(float *d, const uint32_t a[4], uint64_t db,
+                                                int acc) {
+  if (N == 16)
+    kva_wgmma_m64n16k16_rs_f16(d, a, db, acc);
+  else
+    kva_wgmma_m64n32k16_rs_f16(d, a, db, acc);
+}
+template <int N, int CONV>
+__global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned long long *cycles,
+                                                  float *sink) {
+  constexpr int QBLK = N * 128;
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t s_raw = kva_smem_u32(smem);
+  const uint32_t s_q = (s_raw + 1023u) & ~1023u;
+  unsigned char *p = smem + (s_q - s_raw), *bytes = p + 9 * QBLK;
+  probe_fill(p, (9 * QBLK + 64 * 576) / 4);
+  const int wg = threadIdx.x >> 7, tw = threadIdx.x & 127;
+  if (wg >= wgs) return;
+  float d[N / 2];
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
+  uint32_t kf[4][4][4];
+#pragma unroll
+  for (int q = 0; q < 4; q++)
+#pragma unroll
+    for (int st = 0; st < 4; st++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) kf[q][st][i] = 0x3c003c00u ^ (uint32_t)(tw * 7 + q + st + i);
+  const uint64_t dq = mla_desc(s_q, 16, 1024);
+  const unsigned char *src = bytes + (tw >> 2) * 576 + 16 * (tw & 3);
+  const unsigned long long t0 = clock64();
+  for (int it = 0; it < iters; it++) {
+#pragma unroll
+    for (int cb = 0; cb < 9; cb++) {
+      if (cb >= 4) kva_wgmma_wait<3>();
+      if (CONV) {
+        const uint4 x = *(const uint4 *)(src + 64 * cb), y = *(const uint4 *)(src + 64 * cb + 32 * 576);
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+          kf[cb % 4][st][0] = kva_cvt_e4m3x2_f16x2((uint16_t)xs[st]);
+          kf[cb % 4][st][1] = kva_cvt_e4m3x2_f16x2((uint16_t)ys[st]);
+          kf[cb % 4][st][2] = kva_cvt_e4m3x2_f16x2((uint16_t)(xs[st] >> 16));
+          kf[cb % 4][st][3] = kva_cvt_e4m3x2_f16x2((uint16_t)(ys[st] >> 16));
+        }
+      }
+#pragma unroll
+      for (int st = 0; st < 4; st++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % 4][st][i]);
+      kva_wgmma_fence();
+#pragma unroll
+      for (int st = 0; st < 4; st++)
+        rs_kstep<N>(d, kf[cb % 4][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
+      kva_wgmma_commit();
+    }
+    kva_wgmma_wait<0>(); /* as v10: S^T whole before the softmax */
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) kva_reg_fence_f32(&d[i]);
+  }
+  const unsigned long long t1 = clock64();
+  float x = 0.0f;
+#pragma unroll
+  for (int i = 0; i < N / 2; i++) x += d[i];
+  if (tw == 0) cycles[blockIdx.x * 3 + wg] = t1 - t0;
+  if (x == 12345.0f) sink[threadIdx.x] = x;
+}
+
+template <int N, int CONV>
+static void run_rs(int sms, int wgs) {
+  const int iters = 2000;
+  const size_t smem = 1024 + 9 * N * 128 + 64 * 576;
+  unsigned long long *dc, *hc = (unsigned long long *)calloc(3 * sms, 8);
+  float *sink;
+  CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * 3 * sms));
+  CHECK(cudaMalloc(&sink, 384 * sizeof(float)));
+  CHECK(cudaFuncSetAttribute(rs_rate<N, CONV>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)smem));
+  rs_rate<N, CONV><<<sms, 384, smem>>>(iters / 10, wgs, dc, sink);
+  CHECK(cudaGetLastError());
+  rs_rate<N, CONV><<<sms, 384, smem>>>(iters, wgs, dc, sink);
+  CHECK(cudaGetLastError());
+  CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * 3 * sms, cudaMemcpyDeviceToHost));
+  double maxc = 0;
+  for (int i = 0; i < sms * 3; i++)
+    if (i % 3 < wgs && hc[i] > maxc) maxc = (double)hc[i];
+  printf("rs S^T block (36 k-steps) N=%2d, conversion %d, %d warpgroup(s): %6.0f cycles per "
+         "block per warpgroup, %5.1f a wgmma\n",
+         N, CONV, wgs, maxc / iters, maxc / iters / 36);
+  free(hc);
+  CHECK(cudaFree(dc));
+  CHECK(cudaFree(sink));
+}
+
 template <int N>
 static void run(int sms, int wgs) {
   const int iters = 2000;
@@ -208,6 +310,12 @@ int main(void) {
     run<128>(sms, wgs);
     run_t<16>(sms, wgs);
     run_t<32>(sms, wgs);
+  }
+  for (int wgs = 1; wgs <= 3; wgs++) {
+    run_rs<16, 0>(sms, wgs);
+    run_rs<16, 1>(sms, wgs);
+    run_rs<32, 0>(sms, wgs);
+    run_rs<32, 1>(sms, wgs);
   }
   return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the CUDA configuration here and stage the binaries the device needs in
 # .dist/ (git-ignored), to be named in the device tool's `carry`.
-#   bash scripts/stage_device.sh [trace|mlatrace|mla6timeline|mla9timeline|mla9phases]
+#   bash scripts/stage_device.sh [trace|mlatrace|mla6timeline|mla9timeline|mla9phases|mla10phases]
 # trace: also a CLI built with -DKVA_EXT_TRACE (build-trace/) as
 # .dist/kvattn_trace, for scripts/trace_prefill.sh; mlatrace: one built with
 # -DKVA_MLA_TRACE (build-mlatrace/) as .dist/kvattn_mlatrace, for
@@ -10,7 +10,9 @@
 # KVA_DEC_TRACE timeline; mla9timeline: the same for v9 (-DKVA_MLA9_TIMELINE,
 # build-mla9tl/, .dist/kvattn_mla9tl); mla9phases: v9's first chunk end in
 # detail (-DKVA_MLA9_PHASES, build-mla9ph/, .dist/kvattn_mla9ph, read by
-# scripts/mla9_phases.py).
+# scripts/mla9_phases.py); mla10phases: v10's cycles a block per phase
+# (-DKVA_MLA10_PHASES, build-mla10ph/, .dist/kvattn_mla10ph, read by
+# scripts/mla10_phases.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmake -S . -B build-cuda -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVA_CUDA=ON >/dev/null
@@ -45,5 +47,6 @@ case "${1:-}" in
   mla6timeline) trace_cli build-mla6tl KVA_MLA6_TIMELINE kvattn_mla6tl ;;
   mla9timeline) trace_cli build-mla9tl KVA_MLA9_TIMELINE kvattn_mla9tl ;;
   mla9phases) trace_cli build-mla9ph KVA_MLA9_PHASES kvattn_mla9ph ;;
+  mla10phases) trace_cli build-mla10ph KVA_MLA10_PHASES kvattn_mla10ph ;;
 esac
 du -sh .dist

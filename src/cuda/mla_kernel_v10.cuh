@@ -56,6 +56,28 @@
 #ifndef KVA_MLA10_SACC
 #define KVA_MLA10_SACC 2
 #endif
+/* -DKVA_MLA10_PHASES (diagnostics; with KVA_DEC_TRACE=FILE kvattn bench,
+ * read by scripts/mla10_phases.py): each CTA's cycles per phase summed
+ * over its blocks, in its trace record. Warpgroup 0 (thread 0): 0 bytes
+ * wait, 1 S^T's conversion and issue, 2 S^T's wait, 3 the block max and
+ * its barrier, 4 the P^T buffer's wait, 5 P^T written, 11 blocks; the O
+ * warpgroups (thread 128): 6 bytes wait, 7 P^T's wait, 8 rescale and O^T
+ * issued, 9 O^T's wait, 10 the refill. */
+#ifdef KVA_MLA10_PHASES
+#define MLA10_CLK(t) const long long t = clock64()
+#define MLA10_ADD(k, t1, t0) ph[k] += (unsigned long long)((t1) - (t0))
+#define MLA10_BLOCK() ph[11]++
+#else
+#define MLA10_CLK(t) \
+  do {               \
+  } while (0)
+#define MLA10_ADD(k, t1, t0) \
+  do {                       \
+  } while (0)
+#define MLA10_BLOCK() \
+  do {                \
+  } while (0)
+#endif
 #define KVA_MLA10_BAR_S 1 /* warpgroup 0 */
 #define KVA_MLA10_BAR_O 2 /* the O warpgroups */
 #define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
@@ -218,6 +240,9 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
   kva_griddep_wait();
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+#ifdef KVA_MLA10_PHASES
+  unsigned long long ph[KVA_TRACE_WORDS] = {0};
+#endif
 
   uint32_t nb = 0, nc = 0; /* blocks and chunks so far: the barriers' phases */
   for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
@@ -288,7 +313,10 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
          * time (a register set is rewritten once the wgmmas that read it
          * are over) */
         const uint32_t sb = u % NS;
+        MLA10_CLK(t0);
         kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
+        MLA10_CLK(tb);
+        MLA10_ADD(0, tb, t0);
         const unsigned char *const st8 = p_b8 + sb * TILE8;
         uint32_t kf[KVA_MLA10_KSETS][4][4];
 #pragma unroll
@@ -307,6 +335,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
                              dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
           kva_wgmma_commit();
         }
+        MLA10_CLK(t1);
+        MLA10_ADD(1, t1, tb);
         kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
@@ -317,6 +347,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         for (int q = 1; q < SA; q++)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) sacc[0][i] += sacc[q][i];
+        MLA10_CLK(t2);
+        MLA10_ADD(2, t2, t1);
         /* logits (base 2), masked on a chunk's boundary blocks; sacc[0][4 jj +
          * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
         const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
@@ -349,8 +381,12 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
 #pragma unroll
             for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
         mla_bar_sync(KVA_MLA10_BAR_S, 128);
+        MLA10_CLK(t3);
+        MLA10_ADD(3, t3, t2);
         /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
         kva_mbar_wait(pempty + 8 * pb, ((u >> 1) & 1u) ^ 1u);
+        MLA10_CLK(t4);
+        MLA10_ADD(4, t4, t3);
         unsigned char *const pp = p_p + pb * PB;
 #pragma unroll
         for (int jj = 0; jj < NJ; jj++)
@@ -377,6 +413,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
           }
         kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
         kva_mbar_arrive(pfull + 8 * pb);
+        MLA10_ADD(5, clock64(), t4);
+        MLA10_BLOCK();
       }
       /* the chunk's end: each row's m and l (l over the lanes and warps) */
 #pragma unroll
@@ -417,8 +455,13 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
       for (int j = 0; j < nblk; j++) {
         const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sb = u % NS;
         const int kt = k0 + j * BN;
+        MLA10_CLK(t0);
         kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
+        MLA10_CLK(t1);
+        MLA10_ADD(6, t1, t0);
         kva_mbar_wait(pfull + 8 * pb, (u >> 1) & 1u);  /* P^T and the factors */
+        MLA10_CLK(t2);
+        MLA10_ADD(7, t2, t1);
         float cf[NJ][2];
         bool moved = false;
 #pragma unroll
@@ -458,14 +501,19 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
             mla10_mma_rs<NQ>(ot[c], vf[st & 1][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
           kva_wgmma_commit();
         }
+        MLA10_CLK(t3);
+        MLA10_ADD(8, t3, t2);
         kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
         kva_wgmma_wait<0>();
 #pragma unroll
         for (int c = 0; c < 4; c++)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
+        MLA10_CLK(t4);
+        MLA10_ADD(9, t4, t3);
         kva_mbar_arrive(pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
         if (j + NS < nblk) mla10_fill(s_b8, s_bar, u + NS, kvg, pt, kt + NS * BN, k1, a, ct);
+        MLA10_ADD(10, clock64(), t4);
       }
       /* ---- the chunk's end ---- */
       kva_mbar_wait(sfull, nc & 1u);
@@ -517,6 +565,13 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
     nb += (uint32_t)nblk;
     nc++;
   }
+#ifdef KVA_MLA10_PHASES
+  if (a.trace && (tid == 0 || tid == 128)) { /* words 0-5 and 11 by warpgroup 0, 6-10 by the O */
+    unsigned long long *w = a.trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_TRACE_WORDS;
+    for (int k = 0; k < KVA_TRACE_WORDS; k++)
+      if ((tid == 0) == (k < 6 || k == 11)) w[k] = ph[k];
+  }
+#endif
 }
 
 #endif /* KVA_CUDA_MLA_KERNEL_V10_CUH */
