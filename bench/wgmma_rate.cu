@@ -176,9 +176,10 @@ static void run_t(int sms, int wgs) {
  * block in the kernel, ~50 a wgmma): 36 rs m64nNk16 k-steps a block, a
  * commit group per 4, four register sets in flight (wait_group 3 before a
  * set's reuse, all of it waited for at the block's end), B = N query rows
- * from smem. conv 1: each set converted
- * from 64 fp8 bytes a thread in smem first (two 16-byte loads, 16 cvt, as
- * mla10_k_frags); conv 0: the sets are fixed registers. 1-3 warpgroups. */
+ * from smem; 1-3 warpgroups. conv 1: each set converted from 64 fp8
+ * bytes a thread in smem first (two 16-byte loads, 16 cvt, as
+ * mla10_k_frags); conv 0: the sets are fixed registers; conv 2 / 3: six
+ * sets, 2 / 3 column blocks converted before one wgmma.fence. */
 template <int N>
 static __device__ __forceinline__ void rs_kstep(float *d, const uint32_t a[4], uint64_t db,
                                                 int acc) {
@@ -190,7 +191,10 @@ static __device__ __forceinline__ void rs_kstep(float *d, const uint32_t a[4], u
 template <int N, int CONV>
 __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned long long *cycles,
                                                   float *sink) {
-  constexpr int QBLK = N * 128;
+  /* CONV 0: fixed registers, 1: each set converted before its k-steps
+   * (four sets, as v10); 2 / 3: six sets, converted 2 / 3 column blocks
+   * at a time before one wgmma.fence and their 8 / 12 k-steps */
+  constexpr int QBLK = N * 128, NK = CONV >= 2 ? 6 : 4, G = CONV >= 2 ? CONV : 1;
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u;
@@ -201,9 +205,9 @@ __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned l
   float d[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
-  uint32_t kf[4][4][4];
+  uint32_t kf[NK][4][4];
 #pragma unroll
-  for (int q = 0; q < 4; q++)
+  for (int q = 0; q < NK; q++)
 #pragma unroll
     for (int st = 0; st < 4; st++)
 #pragma unroll
@@ -213,28 +217,35 @@ __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned l
   const unsigned long long t0 = clock64();
   for (int it = 0; it < iters; it++) {
 #pragma unroll
-    for (int cb = 0; cb < 9; cb++) {
-      if (cb >= 4) kva_wgmma_wait<3>();
-      if (CONV) {
-        const uint4 x = *(const uint4 *)(src + 64 * cb), y = *(const uint4 *)(src + 64 * cb + 32 * 576);
-        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+    for (int c0 = 0; c0 < 9; c0 += G) {
 #pragma unroll
-        for (int st = 0; st < 4; st++) {
-          kf[cb % 4][st][0] = kva_cvt_e4m3x2_f16x2((uint16_t)xs[st]);
-          kf[cb % 4][st][1] = kva_cvt_e4m3x2_f16x2((uint16_t)ys[st]);
-          kf[cb % 4][st][2] = kva_cvt_e4m3x2_f16x2((uint16_t)(xs[st] >> 16));
-          kf[cb % 4][st][3] = kva_cvt_e4m3x2_f16x2((uint16_t)(ys[st] >> 16));
+      for (int cb = c0; cb < c0 + G && cb < 9; cb++) {
+        if (cb >= NK) kva_wgmma_wait<NK - 1>();
+        if (CONV) {
+          const uint4 x = *(const uint4 *)(src + 64 * cb);
+          const uint4 y = *(const uint4 *)(src + 64 * cb + 32 * 576);
+          const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+          for (int st = 0; st < 4; st++) {
+            kf[cb % NK][st][0] = kva_cvt_e4m3x2_f16x2((uint16_t)xs[st]);
+            kf[cb % NK][st][1] = kva_cvt_e4m3x2_f16x2((uint16_t)ys[st]);
+            kf[cb % NK][st][2] = kva_cvt_e4m3x2_f16x2((uint16_t)(xs[st] >> 16));
+            kf[cb % NK][st][3] = kva_cvt_e4m3x2_f16x2((uint16_t)(ys[st] >> 16));
+          }
         }
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
       }
-#pragma unroll
-      for (int st = 0; st < 4; st++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % 4][st][i]);
       kva_wgmma_fence();
 #pragma unroll
-      for (int st = 0; st < 4; st++)
-        rs_kstep<N>(d, kf[cb % 4][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
-      kva_wgmma_commit();
+      for (int cb = c0; cb < c0 + G && cb < 9; cb++) {
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+          rs_kstep<N>(d, kf[cb % NK][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
+        kva_wgmma_commit();
+      }
     }
     kva_wgmma_wait<0>(); /* as v10: S^T whole before the softmax */
 #pragma unroll
@@ -314,8 +325,11 @@ int main(void) {
   for (int wgs = 1; wgs <= 3; wgs++) {
     run_rs<16, 0>(sms, wgs);
     run_rs<16, 1>(sms, wgs);
+    run_rs<16, 2>(sms, wgs);
+    run_rs<16, 3>(sms, wgs);
     run_rs<32, 0>(sms, wgs);
     run_rs<32, 1>(sms, wgs);
+    run_rs<32, 2>(sms, wgs);
   }
   return 0;
 }

@@ -48,10 +48,37 @@
 
 #include "cuda/mla9_fp8.cuh"
 
-/* register sets of S^T's A fragments in flight (a set is a column block) */
-#ifndef KVA_MLA10_KSETS
-#define KVA_MLA10_KSETS 4
+/* Register sets of S^T's A fragments in flight (a set is a column block)
+ * and column blocks converted before each wgmma.fence, at N = 16 / 32.
+ * A warpgroup's conversion runs in series with the rs wgmmas it feeds
+ * (bench/wgmma_rate.cu, rs_rate), and fewer fences shorten that chain:
+ * H100, two column blocks a fence (six sets) and two key steps of O^T a
+ * fence (four sets) took 3.3-3.8% off FlashMLA's fp8 rows of 16 query
+ * rows. At N = 32 six sets serialize the wgmmas (C7512, registers) and
+ * O^T's grouping alone was level. */
+#ifndef KVA_MLA10_KSETS16
+#define KVA_MLA10_KSETS16 6
 #endif
+#ifndef KVA_MLA10_KGROUP16
+#define KVA_MLA10_KGROUP16 2
+#endif
+#ifndef KVA_MLA10_KSETS32
+#define KVA_MLA10_KSETS32 4
+#endif
+#ifndef KVA_MLA10_KGROUP32
+#define KVA_MLA10_KGROUP32 1
+#endif
+#define KVA_MLA10_KSETS(NQ) ((NQ) == 16 ? KVA_MLA10_KSETS16 : KVA_MLA10_KSETS32)
+#define KVA_MLA10_KGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_KGROUP16 : KVA_MLA10_KGROUP32)
+/* register sets of O^T's A fragments (a set is a key step; half of them
+ * are converted before each wgmma.fence): 2 or 4, at N = 16 / 32 */
+#ifndef KVA_MLA10_VSETS16
+#define KVA_MLA10_VSETS16 4
+#endif
+#ifndef KVA_MLA10_VSETS32
+#define KVA_MLA10_VSETS32 2
+#endif
+#define KVA_MLA10_VSETS(NQ) ((NQ) == 16 ? KVA_MLA10_VSETS16 : KVA_MLA10_VSETS32)
 /* accumulator sets S^T's k-steps go round (then summed) */
 #ifndef KVA_MLA10_SACC
 #define KVA_MLA10_SACC 2
@@ -318,22 +345,28 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
         MLA10_CLK(tb);
         MLA10_ADD(0, tb, t0);
         const unsigned char *const st8 = p_b8 + sb * TILE8;
-        uint32_t kf[KVA_MLA10_KSETS][4][4];
+        constexpr int NK = KVA_MLA10_KSETS(NQ), KG = KVA_MLA10_KGROUP(NQ);
+        uint32_t kf[NK][4][4];
 #pragma unroll
-        for (int cb = 0; cb < 9; cb++) {
-          constexpr int NK = KVA_MLA10_KSETS;
-          if (cb >= NK) kva_wgmma_wait<NK - 1>();
-          mla10_k_frags(kf[cb % NK], st8, cb, wq, g, tq);
+        for (int c0 = 0; c0 < 9; c0 += KG) {
 #pragma unroll
-          for (int st = 0; st < 4; st++)
+          for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
+            if (cb >= NK) kva_wgmma_wait<NK - 1>();
+            mla10_k_frags(kf[cb % NK], st8, cb, wq, g, tq);
 #pragma unroll
-            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
-          kva_wgmma_fence();
+            for (int st = 0; st < 4; st++)
 #pragma unroll
-          for (int st = 0; st < 4; st++)
-            mla10_mma_rs<NQ>(sacc[(4 * cb + st) % SA], kf[cb % NK][st],
-                             dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
-          kva_wgmma_commit();
+              for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
+          }
+          kva_wgmma_fence(); /* one a group of column blocks */
+#pragma unroll
+          for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
+#pragma unroll
+            for (int st = 0; st < 4; st++)
+              mla10_mma_rs<NQ>(sacc[(4 * cb + st) % SA], kf[cb % NK][st],
+                               dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
+            kva_wgmma_commit();
+          }
         }
         MLA10_CLK(t1);
         MLA10_ADD(1, t1, tb);
@@ -486,20 +519,28 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
          * bytes (two sets: a set is rewritten once the wgmmas that read it
          * are over) */
         const unsigned char *const st8 = p_b8 + sb * TILE8;
-        uint32_t vf[2][4][4];
+        constexpr int NV = KVA_MLA10_VSETS(NQ), VG = NV / 2; /* key steps a wgmma.fence */
+        uint32_t vf[NV][4][4];
 #pragma unroll
-        for (int st = 0; st < 4; st++) {
-          if (st >= 2) kva_wgmma_wait<1>();
-          mla10_v_frags(vf[st & 1], st8, st, k1 - kt, h, wq, g, tq);
+        for (int s0 = 0; s0 < 4; s0 += VG) {
 #pragma unroll
-          for (int c = 0; c < 4; c++)
+          for (int st = s0; st < s0 + VG; st++) {
+            if (st >= NV) kva_wgmma_wait<NV - 1>();
+            mla10_v_frags(vf[st % NV], st8, st, k1 - kt, h, wq, g, tq);
 #pragma unroll
-            for (int i = 0; i < 4; i++) kva_reg_fence_u32(&vf[st & 1][c][i]);
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+              for (int i = 0; i < 4; i++) kva_reg_fence_u32(&vf[st % NV][c][i]);
+          }
           kva_wgmma_fence();
 #pragma unroll
-          for (int c = 0; c < 4; c++)
-            mla10_mma_rs<NQ>(ot[c], vf[st & 1][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
-          kva_wgmma_commit();
+          for (int st = s0; st < s0 + VG; st++) {
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+              mla10_mma_rs<NQ>(ot[c], vf[st % NV][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4),
+                               1);
+            kva_wgmma_commit();
+          }
         }
         MLA10_CLK(t3);
         MLA10_ADD(8, t3, t2);
