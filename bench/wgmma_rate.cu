@@ -9,6 +9,7 @@
  *   (built with the CUDA configuration: build-cuda/wgmma_rate; or by hand:
  *   nvcc -O3 -gencode=arch=compute_90a,code=sm_90a -Isrc -Iinclude bench/wgmma_rate.cu) */
 #include "cuda/mla_kernel.cuh"
+#include "cuda/mla_kernel_v10.cuh" /* mla10_mma_rs */
 
 #include "probe.cuh"
 
@@ -180,14 +181,6 @@ static void run_t(int sms, int wgs) {
  * bytes a thread in smem first (two 16-byte loads, 16 cvt, as
  * mla10_k_frags); conv 0: the sets are fixed registers; conv 2 / 3: six
  * sets, 2 / 3 column blocks converted before one wgmma.fence. */
-template <int N>
-static __device__ __forceinline__ void rs_kstep(float *d, const uint32_t a[4], uint64_t db,
-                                                int acc) {
-  if (N == 16)
-    kva_wgmma_m64n16k16_rs_f16(d, a, db, acc);
-  else
-    kva_wgmma_m64n32k16_rs_f16(d, a, db, acc);
-}
 template <int N, int CONV>
 __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned long long *cycles,
                                                   float *sink) {
@@ -243,7 +236,7 @@ __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned l
       for (int cb = c0; cb < c0 + G && cb < 9; cb++) {
 #pragma unroll
         for (int st = 0; st < 4; st++)
-          rs_kstep<N>(d, kf[cb % NK][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
+          mla10_mma_rs<N>(d, kf[cb % NK][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
         kva_wgmma_commit();
       }
     }
