@@ -204,10 +204,15 @@ static int mla_prefetch_keys(int64_t rows) {
   return rows <= 32 ? 128 : 0;
 }
 
-/* Row tiles of 64 (head x token) rows on grid.y, from the plan's capacity. */
-extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
+/* Row tiles of tile_rows (head x token) rows on grid.y, from the plan's
+ * capacity. */
+static int mla_row_tiles(int num_qo_heads, int max_q_tokens, int tile_rows) {
   const int max_q = max_q_tokens < KVA_MAX_DECODE_Q ? max_q_tokens : KVA_MAX_DECODE_Q;
-  return (num_qo_heads * max_q + KVA_MLA_BM - 1) / KVA_MLA_BM;
+  return (num_qo_heads * max_q + tile_rows - 1) / tile_rows;
+}
+/* ... of 64 rows (v2, v5, v6, v9) */
+extern "C" int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens) {
+  return mla_row_tiles(num_qo_heads, max_q_tokens, KVA_MLA_BM);
 }
 
 /* The planner's view of a batch for the split_* hooks below: its query
@@ -386,15 +391,15 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     a.kv_tma = kva_mla5_kv_maps(&a, pool->k[layer],
                                 (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4);
   }
+  /* grid.y: v10's row tiles are nq10 rows, the others' 64 */
+  const int gy = ver == 10 ? mla_row_tiles(hq, plan->cfg.max_q_tokens, nq10) : tiles;
+  /* the timeline's records: one a CTA (v10 may have more row tiles than
+   * `tiles`) */
 #ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
-  a.trace = kva_trace_next(2LL * plan->cfg.num_workers * tiles);
+  a.trace = kva_trace_next(2LL * plan->cfg.num_workers * gy);
 #else
-  a.trace = kva_trace_next((long long)plan->cfg.num_workers * tiles);
+  a.trace = kva_trace_next((long long)plan->cfg.num_workers * gy);
 #endif
-  /* v10's row tiles of nq10 rows, from the plan's capacity as v2's */
-  const int cap_q = plan->cfg.max_q_tokens < KVA_MAX_DECODE_Q ? plan->cfg.max_q_tokens
-                                                              : KVA_MAX_DECODE_Q;
-  const int gy = ver == 10 ? (hq * cap_q + nq10 - 1) / nq10 : tiles;
   return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(tiles),
                         (unsigned)plan->cfg.num_workers, (unsigned)gy, cs->stream);
 }

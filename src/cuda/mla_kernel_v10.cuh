@@ -516,8 +516,8 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
 #pragma unroll
           for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
         /* O^T += V^T P^T: per key step the four tiles' A fragments from the
-         * bytes (two sets: a set is rewritten once the wgmmas that read it
-         * are over) */
+         * bytes (KVA_MLA10_VSETS sets: a set is rewritten once the wgmmas
+         * that read it are over) */
         const unsigned char *const st8 = p_b8 + sb * TILE8;
         constexpr int NV = KVA_MLA10_VSETS(NQ), VG = NV / 2; /* key steps a wgmma.fence */
         uint32_t vf[NV][4][4];
