@@ -11,7 +11,7 @@
  * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
  * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
  * >= 128 rows (q heads x new tokens: the compute-bound ones), 16-bit or
- * fp8 latents; v10 fp8 batches of <= 32 rows; v2 the rest;
+ * fp8 latents; v10 fp8 batches of <= 64 rows; v2 the rest;
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
@@ -67,10 +67,12 @@ template <int QT>
 static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, unsigned gy,
                                  cudaStream_t s) {
   static int optin[2][KVA_CUDA_OPTIN_DEVICES];
-  void (*fn)(kva_mla_args) = nq == 16 ? kva_mla_kernel_v10<QT, 16> : kva_mla_kernel_v10<QT, 32>;
+  void (*fn)(kva_mla_args) = nq == 16 ? kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>
+                                       : kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>;
   const int smem = nq == 16 ? KVA_MLA10_SMEM(16) : KVA_MLA10_SMEM(32);
+  const int threads = KVA_MLA10_THREADS(KVA_MLA10_SWG(nq));
   KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[nq == 16 ? 0 : 1]));
-  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(KVA_MLA10_THREADS), (size_t)smem, s,
+  KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(threads), (size_t)smem, s,
                                       *a, 1u));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel_v10");
   return KVA_OK;
@@ -357,8 +359,10 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
      * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows, 30-40% slower
      * than v2 at 16-64 (docs/performance.md, "Thirty-second session");
-     * up to 32 rows v10 (keys as M: the tensor work follows the rows) */
-    if (kv8 && hq * max_q <= 32) ver = 10;
+     * up to 64 rows v10 (keys as M: the tensor work follows the rows; 33-64
+     * rows as two tiles of 32, each reading the latents: H100, 2026-11-27,
+     * 8-13% faster than v2 at 64 rows, "Thirty-fifth session") */
+    if (kv8 && hq * max_q <= 64) ver = 10;
   }
   /* v10's rows a CTA: 16 or 32 (the batch's rows; a forced v10 on more
    * rows runs tiles of 32) */

@@ -86,16 +86,32 @@ extern "C" {
 
 /* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16 or 32 query rows
  * a CTA): Q ([9][NQ rows][128 B]), two P^T buffers ([NQ rows][64 keys]),
- * five byte stages of a 64-key block (O's f32 rows at a chunk's end) and
- * 2 KB of row maxima, factors, m, l, 16 mbarriers and a flag. */
-#define KVA_MLA10_THREADS 384
-#define KVA_MLA10_STAGES 5
+ * the byte stages of a 64-key block (O's f32 rows at a chunk's end) and
+ * the row maxima, factors, m, l, mbarriers and a flag. SW S^T warpgroups
+ * (KVA_MLA10_SWG16 / 32 at NQ 16 / 32): one, with five byte stages, or
+ * two taking alternate blocks, with four. */
+#ifndef KVA_MLA10_SWG16
+#define KVA_MLA10_SWG16 1
+#endif
+#ifndef KVA_MLA10_SWG32
+#define KVA_MLA10_SWG32 2
+#endif
+#define KVA_MLA10_SWG(nq) ((nq) == 16 ? KVA_MLA10_SWG16 : KVA_MLA10_SWG32)
+#define KVA_MLA10_THREADS(sw) (128 * ((sw) + 2))
+#define KVA_MLA10_STAGES(sw) ((sw) == 2 ? 4 : 5)
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)
-#define KVA_MLA10_MISC 2048
-#define KVA_MLA10_SMEM(nq)                                                                   \
-  (1024 + KVA_MLA10_Q(nq) + 2 * KVA_MLA10_P(nq) + KVA_MLA10_STAGES * KVA_MLA9_TILE8 + \
-   KVA_MLA10_MISC) /* 209920 (16), 232448 (32) */
+#define KVA_MLA10_MISC(sw) ((sw) == 2 ? 5120 : 2048)
+/* P^T buffers: two, or KVA_MLA10_PBUF_S2 with two S warpgroups */
+#ifndef KVA_MLA10_PBUF_S2
+#define KVA_MLA10_PBUF_S2 2
+#endif
+#define KVA_MLA10_PBUF(sw) ((sw) == 2 ? KVA_MLA10_PBUF_S2 : 2)
+#define KVA_MLA10_SMEM_SW(nq, sw)                                                 \
+  (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF(sw) * KVA_MLA10_P(nq) +                \
+   KVA_MLA10_STAGES(sw) * KVA_MLA9_TILE8 +                                        \
+   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32) */
+#define KVA_MLA10_SMEM(nq) KVA_MLA10_SMEM_SW(nq, KVA_MLA10_SWG(nq))
 
 /* Kernel arguments (by value); batch-dependent values are read on the
  * device from the plan's metadata. */

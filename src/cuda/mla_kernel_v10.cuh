@@ -14,20 +14,29 @@
  *
  * No 16-bit stage: both products take their A operand from registers,
  * converted (e4m3 -> f16, exact) straight from the bytes, and smem holds
- * Q, P^T and five byte stages. Roles (384 threads, v9's). Warpgroup 0
- * loads Q (f16, times 2^-8 for a bf16 Q, as v2; its smem rows permuted
- * into the k order of K's fragments), and per block builds S^T's A
- * fragments from K's bytes a column block at a time (rs wgmma), runs the
- * online softmax down S^T's columns (a row's max over the block through
- * smem between its four warps), writes P^T (f16, [NQ rows][64 keys], a
- * K-major B operand) and the rows' factors into one of two buffers and
- * arrives on its `pfull`. The two O warpgroups own O^T's dims (tile c's
- * M rows stand for dims 256 h + 64 wq + 8 g + 2 c and + 1, so one 8-byte
- * load of a key feeds all four tiles): per block they wait for P^T,
- * rescale O^T, build V^T's fragments per key step and issue the four
- * tiles' rs wgmmas, then refill the byte stage five blocks ahead (one
- * bulk copy per page run) once warpgroup 0 and both O warpgroups read it.
- * Warpgroup 0 runs up to two blocks ahead (the P^T buffers).
+ * Q, P^T and the byte stages. Roles: SW S^T warpgroups, then two O
+ * warpgroups (128 (SW + 2) threads). An S warpgroup loads Q (f16, times
+ * 2^-8 for a bf16 Q, as v2; its smem rows permuted into the k order of
+ * K's fragments), and per block builds S^T's A fragments from K's bytes a
+ * column block at a time (rs wgmma), runs the online softmax down S^T's
+ * columns (a row's max over the block through smem between its four
+ * warps), writes P^T (f16, [NQ rows][64 keys], a K-major B operand) and
+ * the rows' factors into one of two buffers and arrives on its `pfull`.
+ * With SW = 2 (the default at NQ = 32) the two take alternate blocks
+ * (mla10_s_chunk). The O warpgroups own O^T's dims (tile c's M rows stand
+ * for dims 256 h + 64 wq + 8 g + 2 c and + 1, so one 8-byte load of a key
+ * feeds all four tiles): per block they wait for P^T, rescale O^T, build
+ * V^T's fragments per key step and issue the four tiles' rs wgmmas, then
+ * refill the byte stage NS blocks ahead (one bulk copy per page run; a
+ * chunk's rows past its end zeroed) once the S and both O warpgroups
+ * read it.
+ *
+ * Instructions, not the tensor pipe, bound it (ncu, h32 s_q1 sk8192 with
+ * two S warpgroups: 49% issue-active, ~1940 instructions a block on each
+ * SM sub-partition): the conversion's high halves taken by F2FP's .H1
+ * operand (no shift) and unmasked V fragments (zeroed tail rows) took
+ * 9-10% off the 32-row rows, and the second S warpgroup 8-10% before
+ * them (docs/performance.md, "Thirty-fifth session").
  *
  * H100 (FlashMLA's fp8 h16 s_q1 sk8192 row, v2 0.515 ms): one 16-bit
  * stage converted by the O warpgroups after O^T, S^T after all of it:
@@ -36,13 +45,14 @@
  * chain's largest part, 0.218 ms with it compiled out). See
  * docs/performance.md, "Thirty-third session".
  *
- * At a chunk's end warpgroup 0 leaves each row's m and l in smem; the O
+ * At a chunk's end the S warpgroups leave each row's m and l in smem; the O
  * warpgroups put O^T over the byte stages as O's rows (f32; no fill is in
  * flight then), read them back in v2's accumulator layout and run
  * mla_finish_chunk (O, partial rows, the merges), with the byte stages as
  * the merge's scratch. Row
  * tiles are NQ rows (grid.y from the plan's capacity), so any batch is
- * covered; the kernel is picked for batches of <= NQ rows. */
+ * covered; the kernel is picked for fp8 batches of <= 64 rows (two tiles
+ * of 32 above 32 rows). */
 #ifndef KVA_CUDA_MLA_KERNEL_V10_CUH
 #define KVA_CUDA_MLA_KERNEL_V10_CUH
 
@@ -68,7 +78,12 @@
 #ifndef KVA_MLA10_KGROUP32
 #define KVA_MLA10_KGROUP32 1
 #endif
-#define KVA_MLA10_KSETS(NQ) ((NQ) == 16 ? KVA_MLA10_KSETS16 : KVA_MLA10_KSETS32)
+/* with two S warpgroups (KVA_MLA10_SWG16/32, mla.h) each has fewer registers */
+#ifndef KVA_MLA10_KSETS_S2
+#define KVA_MLA10_KSETS_S2 2
+#endif
+#define KVA_MLA10_KSETS(NQ, SW) \
+  ((SW) == 2 ? KVA_MLA10_KSETS_S2 : (NQ) == 16 ? KVA_MLA10_KSETS16 : KVA_MLA10_KSETS32)
 #define KVA_MLA10_KGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_KGROUP16 : KVA_MLA10_KGROUP32)
 /* register sets of O^T's A fragments (a set is a key step; half of them
  * are converted before each wgmma.fence): 2 or 4, at N = 16 / 32 */
@@ -79,9 +94,26 @@
 #define KVA_MLA10_VSETS32 2
 #endif
 #define KVA_MLA10_VSETS(NQ) ((NQ) == 16 ? KVA_MLA10_VSETS16 : KVA_MLA10_VSETS32)
-/* accumulator sets S^T's k-steps go round (then summed) */
+/* key steps converted before each wgmma.fence: half the sets by default */
+#ifndef KVA_MLA10_VGROUP16
+#define KVA_MLA10_VGROUP16 (KVA_MLA10_VSETS16 / 2)
+#endif
+#ifndef KVA_MLA10_VGROUP32
+#define KVA_MLA10_VGROUP32 (KVA_MLA10_VSETS32 / 2)
+#endif
+#define KVA_MLA10_VGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_VGROUP16 : KVA_MLA10_VGROUP32)
+/* 1: a chunk's last block's rows past the chunk are zeroed when it is
+ * filled, and O^T's fragments read them unmasked */
+#ifndef KVA_MLA10_ZERO_TAIL
+#define KVA_MLA10_ZERO_TAIL 1
+#endif
+/* accumulator sets S^T's k-steps go round (then summed); one with two S
+ * warpgroups (fewer registers; H100: 0.4-1.3% faster than two there) */
 #ifndef KVA_MLA10_SACC
 #define KVA_MLA10_SACC 2
+#endif
+#ifndef KVA_MLA10_SACC_S2
+#define KVA_MLA10_SACC_S2 1
 #endif
 /* -DKVA_MLA10_PHASES (diagnostics; with KVA_DEC_TRACE=FILE kvattn bench,
  * read by scripts/mla10_phases.py): each CTA's cycles per phase summed
@@ -94,7 +126,9 @@
 #define MLA10_CLK(t) const long long t = clock64()
 #define MLA10_ADD(k, t1, t0) ph[k] += (unsigned long long)((t1) - (t0))
 #define MLA10_BLOCK() ph[11]++
+#define MLA10_PH_PARAM , unsigned long long *ph
 #else
+#define MLA10_PH_PARAM
 #define MLA10_CLK(t) \
   do {               \
   } while (0)
@@ -105,19 +139,42 @@
   do {                \
   } while (0)
 #endif
-#define KVA_MLA10_BAR_S 1 /* warpgroup 0 */
-#define KVA_MLA10_BAR_O 2 /* the O warpgroups */
-#define KVA_MLA10_BAR_H 3 /* O warpgroup h: 3 + h */
+#define KVA_MLA10_BAR_S 1  /* S warpgroup 0 */
+#define KVA_MLA10_BAR_O 2  /* the O warpgroups (3 and 4: mla_finish_chunk's) */
+#define KVA_MLA10_BAR_S1 5 /* S warpgroup 1 (SW = 2) */
+#define KVA_MLA10_BAR_SS 6 /* both S warpgroups (SW = 2) */
+/* SW = 2: setmaxnreg of the S and the O warpgroups (a zero sum over the
+ * CTA's 4 x 128 registers a thread slot) */
+#ifndef KVA_MLA10_S2_SREGS
+#define KVA_MLA10_S2_SREGS 104
+#endif
+#ifndef KVA_MLA10_S2_OREGS
+#define KVA_MLA10_S2_OREGS 152
+#endif
+static_assert(2 * KVA_MLA10_S2_SREGS + 2 * KVA_MLA10_S2_OREGS <= 4 * 128, "setmaxnreg: zero-sum");
 
 /* The fill of the block at kt (global block index u) into byte stage
  * u % NS, once its last contents were read (a fresh barrier passes parity
  * 1: a stage's first fill waits for nothing). ct: the O thread. */
-static __device__ __forceinline__ void mla10_fill(uint32_t s_b8, uint32_t s_bar, uint32_t u,
+template <uint32_t NS>
+static __device__ __forceinline__ void mla10_fill(unsigned char *p_b8, uint32_t s_b8,
+                                                  uint32_t s_bar, uint32_t u,
                                                   const unsigned char *kvg, const int32_t *pt,
                                                   int kt, int k1, const kva_mla_args &a, int ct) {
-  constexpr uint32_t NS = KVA_MLA10_STAGES;
   const uint32_t sb = u % NS, use = u / NS;
   if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (NS + sb), (use & 1u) ^ 1u);
+#if KVA_MLA10_ZERO_TAIL
+  /* rows past the chunk (its last block) as zero bytes, so O^T's
+   * fragments need no masks (P is 0 there, and 0 x NaN would not be);
+   * before this thread's arrival on `full`, and fenced from the next bulk
+   * copy into them */
+  if (ct < KVA_MLA5_BN && kt + ct >= k1) {
+    uint4 *row = (uint4 *)(p_b8 + sb * KVA_MLA9_TILE8 + ct * KVA_MLA_D);
+#pragma unroll 4
+    for (int i = 0; i < KVA_MLA_D / 16; i++) row[i] = make_uint4(0u, 0u, 0u, 0u);
+    kva_fence_proxy_async_smem();
+  }
+#endif
   mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
 }
 
@@ -137,19 +194,25 @@ static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const uns
   const uint2 xb = *(const uint2 *)(base + (r0 + 1 - odd) * KVA_MLA_D);
   const uint2 ya = *(const uint2 *)(base + (r0 + 8 + odd) * KVA_MLA_D);
   const uint2 yb = *(const uint2 *)(base + (r0 + 9 - odd) * KVA_MLA_D);
+#if KVA_MLA10_ZERO_TAIL /* keys past the chunk are zero bytes (mla10_fill) */
+  (void)nrows;
+  const uint2 x0 = odd ? xb : xa, x1 = odd ? xa : xb;
+  const uint2 y0 = odd ? yb : ya, y1 = odd ? ya : yb;
+#else
   const uint2 z = make_uint2(0u, 0u);
   const uint2 x0 = r0 < nrows ? (odd ? xb : xa) : z, x1 = r0 + 1 < nrows ? (odd ? xa : xb) : z;
   const uint2 y0 = r0 + 8 < nrows ? (odd ? yb : ya) : z, y1 = r0 + 9 < nrows ? (odd ? ya : yb) : z;
+#endif
 #pragma unroll
   for (int c = 0; c < 4; c++) {
     /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
     const uint32_t sel = (uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u;
     const uint32_t px = kva_prmt(c < 2 ? x0.x : x0.y, c < 2 ? x1.x : x1.y, sel);
     const uint32_t py = kva_prmt(c < 2 ? y0.x : y0.y, c < 2 ? y1.x : y1.y, sel);
-    f[c][0] = mla_e4m3x2<KVA_F16>(px);       /* dim 2c, keys r0, r0 + 1 */
-    f[c][1] = mla_e4m3x2<KVA_F16>(px >> 16); /* dim 2c + 1 */
-    f[c][2] = mla_e4m3x2<KVA_F16>(py);       /* dim 2c, keys r0 + 8, r0 + 9 */
-    f[c][3] = mla_e4m3x2<KVA_F16>(py >> 16);
+    f[c][0] = kva_cvt_e4m3x2_f16x2_lo(px); /* dim 2c, keys r0, r0 + 1 */
+    f[c][1] = kva_cvt_e4m3x2_f16x2_hi(px); /* dim 2c + 1 */
+    f[c][2] = kva_cvt_e4m3x2_f16x2_lo(py); /* dim 2c, keys r0 + 8, r0 + 9 */
+    f[c][3] = kva_cvt_e4m3x2_f16x2_hi(py);
   }
 }
 
@@ -166,10 +229,10 @@ static __device__ __forceinline__ void mla10_k_frags(uint32_t f[4][4], const uns
   const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
   for (int st = 0; st < 4; st++) {
-    f[st][0] = mla_e4m3x2<KVA_F16>(xs[st]);       /* key g, k 2 tq .. (dims 4 st + 0, 1) */
-    f[st][1] = mla_e4m3x2<KVA_F16>(ys[st]);       /* key g + 8 */
-    f[st][2] = mla_e4m3x2<KVA_F16>(xs[st] >> 16); /* key g, k 2 tq + 8 .. (dims 4 st + 2, 3) */
-    f[st][3] = mla_e4m3x2<KVA_F16>(ys[st] >> 16);
+    f[st][0] = kva_cvt_e4m3x2_f16x2_lo(xs[st]); /* key g, k 2 tq .. (dims 4 st + 0, 1) */
+    f[st][1] = kva_cvt_e4m3x2_f16x2_lo(ys[st]); /* key g + 8 */
+    f[st][2] = kva_cvt_e4m3x2_f16x2_hi(xs[st]); /* key g, k 2 tq + 8 .. (dims 4 st + 2, 3) */
+    f[st][3] = kva_cvt_e4m3x2_f16x2_hi(ys[st]);
   }
 }
 
@@ -204,6 +267,20 @@ static __device__ __forceinline__ void mla10_q_permute(unsigned char *p_q, int r
   }
 }
 
+/* wgmma.wait_group n for n known once the loops are unrolled (0..7) */
+static __device__ __forceinline__ void mla10_wgmma_wait_n(int n) {
+  switch (n) {
+    case 0: kva_wgmma_wait<0>(); break;
+    case 1: kva_wgmma_wait<1>(); break;
+    case 2: kva_wgmma_wait<2>(); break;
+    case 3: kva_wgmma_wait<3>(); break;
+    case 4: kva_wgmma_wait<4>(); break;
+    case 5: kva_wgmma_wait<5>(); break;
+    case 6: kva_wgmma_wait<6>(); break;
+    default: kva_wgmma_wait<7>(); break;
+  }
+}
+
 /* One rs k-step of either product (N = NQ): d (+)= A B */
 template <int NQ>
 static __device__ __forceinline__ void mla10_mma_rs(float *d, const uint32_t a[4], uint64_t db,
@@ -214,403 +291,561 @@ static __device__ __forceinline__ void mla10_mma_rs(float *d, const uint32_t a[4
     kva_wgmma_m64n32k16_rs_f16(d, a, db, acc);
 }
 
-template <int QT, int NQ>
-__global__ void __launch_bounds__(KVA_MLA10_THREADS, 1)
-    kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
-  constexpr int NJ = NQ / 8; /* 8-row groups of N */
-  constexpr int TILE8 = KVA_MLA9_TILE8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES;
-  constexpr int QB = NQ * 128; /* a column block of Q */
-  constexpr int PB = KVA_MLA10_P(NQ);
-  constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
-  constexpr int CT = KVA_F16;          /* the tensor cores' type (fp8 latents) */
-  static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
-  static_assert(KVA_MLA10_SMEM(NQ) <= 232448, "227 KB of smem per CTA");
-  static_assert(NQ * OROW * 4 <= NS * TILE8, "O's rows fit the byte stages");
-  static_assert(12 * NQ * 4 + 4 * NS * 8 + 8 <= KVA_MLA10_MISC, "misc smem");
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const uint32_t s_raw = kva_smem_u32(smem);
-  const uint32_t s_q = (s_raw + 1023u) & ~1023u;
-  unsigned char *const p_q = smem + (s_q - s_raw);
-  const uint32_t s_p = s_q + KVA_MLA10_Q(NQ), s_b8 = s_p + 2 * PB;
-  unsigned char *const p_p = p_q + KVA_MLA10_Q(NQ), *const p_b8 = p_p + 2 * PB;
-  float *const red = (float *)(p_b8 + NS * TILE8); /* [2][4 warps][NQ] */
-  float *const cst = red + 8 * NQ;                /* [2][NQ]: a block's factors */
-  float *const sm = cst + 2 * NQ, *const sl = sm + NQ;
-  /* mbarriers: byte stage full 0..NS-1 (the O threads' fills), empty
-   * NS..2NS-1 (read by warpgroup 0's S^T and the O warpgroups' O^T); then
-   * pfull x 2, pempty x 2, stats full, stats empty */
-  const uint32_t s_bar = s_b8 + NS * TILE8 + 12 * NQ * 4;
-  const uint32_t pfull = s_bar + 8 * (2 * NS), pempty = pfull + 16;
-  const uint32_t sfull = pempty + 16, sempty = sfull + 8;
-  volatile int *const flag = (volatile int *)(p_b8 + NS * TILE8 + 12 * NQ * 4 + 4 * NS * 8);
+/* A worker's chunk as a row tile of NQ rows sees it: false when the
+ * request is not a decode request or has no rows in the tile. */
+struct mla10_chunk {
+  int r, nsplit, nt, rows, cached, nblk, tok0;
+  kva_split_chunk ch;
+  const int32_t *pt;
+};
+template <int NQ>
+static __device__ __forceinline__ bool mla10_chunk_at(const kva_mla_args &a,
+                                                      const kva_split_work &wk, int wi, int row0,
+                                                      mla10_chunk *c) {
+  const int r = a.sched_order[wi];
+  c->r = r;
+  c->nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
+  if (c->nsplit == 0) return false; /* not a decode request */
+  c->nt = a.num_new[r];
+  const int rows_all = c->nt * a.hq;
+  if (row0 >= rows_all) return false;
+  /* this tile's rows end (mla_finish_chunk's bound) */
+  c->rows = rows_all < row0 + NQ ? rows_all : row0 + NQ;
+  const int kv_len = a.cache_seqlens[r];
+  c->cached = kv_len - c->nt;
+  c->ch = kva_split_chunk_at(wk, wi, kv_len);
+  c->nblk = c->ch.k1 > c->ch.k0 ? (c->ch.k1 - c->ch.k0 + KVA_MLA5_BN - 1) / KVA_MLA5_BN : 0;
+  c->tok0 = a.cu_q[r];
+  c->pt = a.page_table + (size_t)r * a.hdr->page_table_stride;
+  return true;
+}
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int wg = mla_uni(warp >> 2), wq = warp & 3, g = lane >> 2, tq = lane & 3;
-  const int tw = tid & 127;
+/* The CTA's smem and its thread's place, shared by the roles. */
+struct mla10_ctx {
+  unsigned char *p_q, *p_p, *p_b8;
+  uint32_t s_q, s_p, s_b8;
+  float *red, *cst, *sm, *sl, *mch, *rlb;
+  uint32_t s_bar, pfull, pempty, sfull, sempty, mready;
+  volatile int *flag;
+  const unsigned char *kvg;
+  float qk_mul;
+  int tid, wg, wq, g, tq, tw, row0;
+};
+
+/* S^T, the softmax and P^T of one chunk, by S warpgroup s of SW. With
+ * SW = 2 the S warpgroups take alternate blocks (global block u by
+ * warpgroup u % 2), so one's conversion and rs wgmmas run while the
+ * other's do: a warpgroup's conversion runs in series with the wgmmas it
+ * feeds. The online softmax's running max then passes between them: block
+ * u's max of each row goes into mch[u % 2] and mready[u % 2] once it is
+ * known (before its exponentials), and block u + 1 takes it from there.
+ * Each keeps its row sums against its own last max; the chunk's end adds
+ * the two at the chunk's final max. */
+template <int QT, int NQ, int SW>
+static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, const mla10_ctx &x,
+                                                     const mla10_chunk &c, int s, uint32_t nb,
+                                                     uint32_t nc MLA10_PH_PARAM) {
+  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
+  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  const int wq = x.wq, g = x.g, tq = x.tq, tw = x.tw;
+  const int nblk = c.nblk, k0 = c.ch.k0, k1 = c.ch.k1, cached = c.cached, rows = c.rows;
+  /* this warpgroup's barrier, and the S warpgroups' together */
+  const int bar_own = s == 0 ? KVA_MLA10_BAR_S : KVA_MLA10_BAR_S1;
+  const int bar_all = SW == 1 ? KVA_MLA10_BAR_S : KVA_MLA10_BAR_SS;
+  if (nblk > 0) {
+    const unsigned char *qg = (const unsigned char *)a.q;
+    for (int i = 128 * s + tw; i < NQ * (KVA_MLA_D / 8); i += 128 * SW) {
+      const int row = i / (KVA_MLA_D / 8), cc = i - row * (KVA_MLA_D / 8);
+      const int grow = x.row0 + row, ok = grow < rows;
+      const int t = grow / a.hq, h = grow - t * a.hq;
+      const unsigned char *src =
+          ok ? qg + ((int64_t)(c.tok0 + t) * a.hq + h) * (KVA_MLA_D * 2) + cc * 16 : qg;
+      kva_cp_async_16(x.s_q + mla_sw<NQ>(row, cc), src, ok ? 16 : 0);
+    }
+    kva_cp_async_commit();
+    kva_cp_async_wait<0>();
+    mla_bar_sync(bar_all, 128 * SW); /* every thread's copies landed */
+    for (int i = 128 * s + tw; i < NQ * (KVA_MLA_D / 64); i += 128 * SW)
+      mla10_q_permute<QT, NQ>(x.p_q, i % NQ, i / NQ);
+    kva_fence_proxy_async_smem(); /* Q -> wgmma */
+  }
+  mla_bar_sync(bar_all, 128 * SW); /* Q seen by every warp */
+  /* this thread's S^T columns: rows 8 jj + 2 tq + e */
+  int pos[NJ][2];
+  float mr[NJ][2], lr[NJ][2];
+#pragma unroll
+  for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      pos[jj][e] = cached + (x.row0 + 8 * jj + 2 * tq + e) / a.hq;
+      mr[jj][e] = -INFINITY;
+      lr[jj][e] = 0.0f;
+    }
+  const uint64_t dq = mla_desc(x.s_q, 16, 1024);
+  for (int j = 0; j < nblk; j++) {
+    const uint32_t u = nb + (uint32_t)j, pb = u % NP;
+    if (SW == 2 && (int)(u & 1u) != s) continue; /* the other S warpgroup's block */
+    const int kt = k0 + j * BN;
+    /* S^T's k-steps go round KVA_MLA10_SACC accumulator sets, summed
+     * after: at N = 16 or 32 a k-step is a few cycles of math, and one
+     * chain of 36 wgmmas on one accumulator waits on each. H100: two
+     * sets 0.3-1.4% faster on 11 of FlashMLA's 12 fp8 rows of 16 and
+     * 32 (the chain is not what bounds v10); three and four no better */
+    constexpr int SA = SW == 2 ? KVA_MLA10_SACC_S2 : KVA_MLA10_SACC;
+    float sacc[SA][4 * NJ];
+#pragma unroll
+    for (int q = 0; q < SA; q++)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) {
+        sacc[q][i] = 0.0f;
+        kva_reg_fence_f32(&sacc[q][i]);
+      }
+    /* S^T: K's bytes converted into A fragments a column block at a
+     * time (a register set is rewritten once the wgmmas that read it
+     * are over) */
+    const uint32_t sb = u % NS;
+    MLA10_CLK(t0);
+    kva_mbar_wait(x.s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
+    MLA10_CLK(tb);
+    MLA10_ADD(0, tb, t0);
+    const unsigned char *const st8 = x.p_b8 + sb * TILE8;
+    constexpr int NK = KVA_MLA10_KSETS(NQ, SW), KG = KVA_MLA10_KGROUP(NQ);
+    static_assert(KG >= 1 && NK >= KG, "column blocks a fence");
+    uint32_t kf[NK][4][4];
+#pragma unroll
+    for (int c0 = 0; c0 < 9; c0 += KG) {
+#pragma unroll
+      for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
+        /* set cb % NK was last read by column block cb - NK: of the
+         * groups committed (column blocks < c0), at most NK - 1 - (cb - c0)
+         * may still be pending */
+        if (cb >= NK) mla10_wgmma_wait_n(NK - 1 - (cb - c0));
+        mla10_k_frags(kf[cb % NK], st8, cb, wq, g, tq);
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
+      }
+      kva_wgmma_fence(); /* one a group of column blocks */
+#pragma unroll
+      for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+          mla10_mma_rs<NQ>(sacc[(4 * cb + st) % SA], kf[cb % NK][st],
+                           dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
+        kva_wgmma_commit();
+      }
+    }
+    MLA10_CLK(t1);
+    MLA10_ADD(1, t1, tb);
+    kva_mbar_arrive(x.s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
+    kva_wgmma_wait<0>();
+#pragma unroll
+    for (int q = 0; q < SA; q++)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[q][i]);
+#pragma unroll
+    for (int q = 1; q < SA; q++)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) sacc[0][i] += sacc[q][i];
+    MLA10_CLK(t2);
+    MLA10_ADD(2, t2, t1);
+    /* logits (base 2), masked on a chunk's boundary blocks; sacc[0][4 jj +
+     * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
+    const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+    float mx[NJ][2];
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        mx[jj][e] = -INFINITY;
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+          float v = sacc[0][4 * jj + 2 * hf + e] * x.qk_mul;
+          if (need_mask) {
+            const int key = kt + 16 * wq + g + 8 * hf;
+            if (key >= k1 || (a.causal && key > pos[jj][e])) v = -INFINITY;
+          }
+          sacc[0][4 * jj + 2 * hf + e] = v;
+          mx[jj][e] = fmaxf(mx[jj][e], v);
+        }
+        mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 4));
+        mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 8));
+        mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 16));
+      }
+    /* the block's max of each row over the four warps' keys (two
+     * buffers a warpgroup, alternating over its blocks: a barrier a block
+     * keeps them apart) */
+    float *const rd = x.red + (2 * s + ((SW == 1 ? u : u >> 1) & 1u)) * 4 * NQ;
+    if (g == 0)
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
+    mla_bar_sync(bar_own, 128);
+    MLA10_CLK(t3);
+    MLA10_ADD(3, t3, t2);
+    /* the running max after the block before (SW = 2: the other S
+     * warpgroup's, published before its exponentials) */
+    if (SW == 2 && j > 0) kva_mbar_wait(x.mready + 8 * ((u - 1u) & 1u), ((u - 1u) >> 1) & 1u);
+    float mp[NJ][2], mn[NJ][2];
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int n = 8 * jj + 2 * tq + e;
+        const float bm = fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
+        mp[jj][e] = SW == 1 ? mr[jj][e] : j > 0 ? x.mch[((u - 1u) & 1u) * NQ + n] : -INFINITY;
+        mn[jj][e] = kva_online_max(mp[jj][e], bm);
+        if (SW == 2 && wq == 0 && g == 0) x.mch[(u & 1u) * NQ + n] = mn[jj][e];
+      }
+    if (SW == 2) kva_mbar_arrive(x.mready + 8 * (u & 1u)); /* block u's max published */
+    /* P^T's buffer: the O warpgroups' O^T of block u - NP is over */
+    kva_mbar_wait(x.pempty + 8 * pb, ((u / NP) & 1u) ^ 1u);
+    MLA10_CLK(t4);
+    MLA10_ADD(4, t4, t3);
+    unsigned char *const pp = x.p_p + pb * PB;
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        const int n = 8 * jj + 2 * tq + e;
+        const float mu = mn[jj][e] == -INFINITY ? 0.0f : mn[jj][e]; /* all masked so far: p = 0 */
+        const float cf = kva_ex2(mp[jj][e] - mu); /* O's factor */
+        /* the row sums' factor: against this warpgroup's own last max */
+        const float cl = SW == 1 ? cf : kva_ex2(mr[jj][e] - mu);
+        mr[jj][e] = mn[jj][e];
+        const float p0 = kva_ex2(sacc[0][4 * jj + e] - mu);     /* key 16 wq + g */
+        const float p1 = kva_ex2(sacc[0][4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
+        lr[jj][e] = lr[jj][e] * cl + p0 + p1;
+        const uint32_t pk = kva_pack_f16x2(p0, p1);
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+          const int key = 16 * wq + g + 8 * hf;
+          *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
+              (uint16_t)(hf ? pk >> 16 : pk & 0xffffu);
+        }
+        if (wq == 0 && g == 0) x.cst[pb * NQ + n] = cf;
+      }
+    kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
+    kva_mbar_arrive(x.pfull + 8 * pb);
+    MLA10_ADD(5, clock64(), t4);
+    MLA10_BLOCK();
+  }
+  /* the chunk's end: each row's m and l (l over the lanes and warps) */
+#pragma unroll
+  for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+      lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 4);
+      lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 8);
+      lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 16);
+    }
+  if (SW == 1) {
+    kva_mbar_wait(x.sempty, (nc & 1u) ^ 1u); /* the last chunk's m, l taken */
+    float *const rl = x.red + ((nb + (uint32_t)nblk) & 1u) * 4 * NQ;
+    if (g == 0)
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int n = 8 * jj + 2 * tq + e;
+          rl[wq * NQ + n] = lr[jj][e];
+          if (wq == 0) x.sm[n] = mr[jj][e];
+        }
+    mla_bar_sync(KVA_MLA10_BAR_S, 128);
+    if (tw < NQ) x.sl[tw] = rl[tw] + rl[NQ + tw] + rl[2 * NQ + tw] + rl[3 * NQ + tw];
+    mla_bar_sync(KVA_MLA10_BAR_S, 128); /* rl read before the next block writes it */
+    kva_mbar_arrive(x.sfull);
+  } else {
+    /* the chunk's final max (the last block's, published by whichever
+     * warpgroup ran it), each warpgroup's sums brought to it */
+    const uint32_t ul = nb + (uint32_t)nblk - 1u;
+    if (nblk > 0) kva_mbar_wait(x.mready + 8 * (ul & 1u), (ul >> 1) & 1u);
+    if (s == 0) kva_mbar_wait(x.sempty, (nc & 1u) ^ 1u); /* the last chunk's m, l taken */
+    if (g == 0)
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int n = 8 * jj + 2 * tq + e;
+          const float mf = nblk > 0 ? x.mch[(ul & 1u) * NQ + n] : -INFINITY;
+          const float mu = mf == -INFINITY ? 0.0f : mf;
+          x.rlb[(4 * s + wq) * NQ + n] = lr[jj][e] * kva_ex2(mr[jj][e] - mu);
+          if (s == 0 && wq == 0) x.sm[n] = mf;
+        }
+    mla_bar_sync(KVA_MLA10_BAR_SS, 256);
+    if (s == 0 && tw < NQ) {
+      float l = 0.0f;
+#pragma unroll
+      for (int w = 0; w < 8; w++) l += x.rlb[w * NQ + tw];
+      x.sl[tw] = l;
+    }
+    mla_bar_sync(KVA_MLA10_BAR_SS, 256); /* rlb and Q read before the next chunk's */
+    if (s == 0) kva_mbar_arrive(x.sfull);
+  }
+}
+
+/* O^T of one chunk by the O warpgroups (h: which), then its end. */
+template <int QT, int NQ, int SW>
+static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, const mla10_ctx &x,
+                                                     const mla10_chunk &c, uint32_t nb,
+                                                     uint32_t nc MLA10_PH_PARAM) {
+  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
+  const int wq = x.wq, g = x.g, tq = x.tq;
+  const int h = x.wg - SW, ct = x.tid - 128 * SW;
+  const int r = c.r, nsplit = c.nsplit, nblk = c.nblk, k0 = c.ch.k0, k1 = c.ch.k1;
+  float ot[4][4 * NJ];
+#pragma unroll
+  for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+    for (int i = 0; i < 4 * NJ; i++) ot[cc][i] = 0.0f;
+#pragma unroll 1
+  for (int b = 0; b < NS && b < nblk; b++)
+    mla10_fill<NS>(x.p_b8, x.s_b8, x.s_bar, nb + (uint32_t)b, x.kvg, c.pt, k0 + b * BN, k1, a, ct);
+  const uint64_t dp = mla_desc(x.s_p, 16, 1024);
+  for (int j = 0; j < nblk; j++) {
+    const uint32_t u = nb + (uint32_t)j, pb = u % NP, sb = u % NS;
+    const int kt = k0 + j * BN;
+    MLA10_CLK(t0);
+    kva_mbar_wait(x.s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
+    MLA10_CLK(t1);
+    MLA10_ADD(6, t1, t0);
+    kva_mbar_wait(x.pfull + 8 * pb, (u / NP) & 1u); /* P^T and the factors */
+    MLA10_CLK(t2);
+    MLA10_ADD(7, t2, t1);
+    float cf[NJ][2];
+    bool moved = false;
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        cf[jj][e] = x.cst[pb * NQ + 8 * jj + 2 * tq + e];
+        moved |= cf[jj][e] != 1.0f;
+      }
+    if (__any_sync(0xffffffffu, moved))
+#pragma unroll
+      for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+        for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) ot[cc][4 * jj + i] *= cf[jj][i & 1];
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[cc][i]);
+    /* O^T += V^T P^T: per key step the four tiles' A fragments from the
+     * bytes (KVA_MLA10_VSETS sets: a set is rewritten once the wgmmas
+     * that read it are over) */
+    const unsigned char *const st8 = x.p_b8 + sb * TILE8;
+    constexpr int NV = KVA_MLA10_VSETS(NQ), VG = KVA_MLA10_VGROUP(NQ); /* key steps a fence */
+    static_assert(VG >= 1 && NV % VG == 0 && 4 % VG == 0, "key steps a wgmma.fence");
+    uint32_t vf[NV][4][4];
+#pragma unroll
+    for (int s0 = 0; s0 < 4; s0 += VG) {
+#pragma unroll
+      for (int st = s0; st < s0 + VG; st++) {
+        if (st >= NV) mla10_wgmma_wait_n(NV - 1 - (st - s0)); /* as S^T's sets */
+        mla10_v_frags(vf[st % NV], st8, st, k1 - kt, h, wq, g, tq);
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) kva_reg_fence_u32(&vf[st % NV][cc][i]);
+      }
+      kva_wgmma_fence();
+#pragma unroll
+      for (int st = s0; st < s0 + VG; st++) {
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++)
+          mla10_mma_rs<NQ>(ot[cc], vf[st % NV][cc], dp + ((uint32_t)(pb * PB + st * 32) >> 4), 1);
+        kva_wgmma_commit();
+      }
+    }
+    MLA10_CLK(t3);
+    MLA10_ADD(8, t3, t2);
+    kva_mbar_arrive(x.s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
+    kva_wgmma_wait<0>();
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+      for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[cc][i]);
+    MLA10_CLK(t4);
+    MLA10_ADD(9, t4, t3);
+    kva_mbar_arrive(x.pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
+    if (j + NS < nblk)
+      mla10_fill<NS>(x.p_b8, x.s_b8, x.s_bar, u + NS, x.kvg, c.pt, kt + NS * BN, k1, a, ct);
+    MLA10_ADD(10, clock64(), t4);
+  }
+  /* ---- the chunk's end ---- */
+  kva_mbar_wait(x.sfull, nc & 1u);
+  float m2[2], lt[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int lrow = 16 * wq + g + 8 * hf;
+    m2[hf] = lrow < NQ ? x.sm[lrow] : -INFINITY;
+    lt[hf] = lrow < NQ ? x.sl[lrow] : 0.0f;
+  }
+  kva_mbar_arrive(x.sempty);
+  mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
+  float *const orows = (float *)x.p_b8;           /* [NQ][OROW]: no fill is in flight */
+#pragma unroll
+  for (int cc = 0; cc < 4; cc++)
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * wq + 8 * g + 2 * cc + (i >> 1)] =
+            ot[cc][4 * jj + i];
+  if (nsplit == 2 && ct == 0) *x.flag = mla_known_last(a, r, c.ch.split);
+  mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
+  float o[2][64];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int lrow = 16 * wq + g + 8 * hf;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+      for (int j16 = 0; j16 < 16; j16++) {
+        float2 v = make_float2(0.0f, 0.0f);
+        if (lrow < NQ)
+          v = *(const float2 *)(orows + lrow * OROW + 256 * h + 128 * hh + 8 * j16 + 2 * tq);
+        o[hh][4 * j16 + 2 * hf] = v.x;
+        o[hh][4 * j16 + 2 * hf + 1] = v.y;
+      }
+  }
+  const int known_last = nsplit == 2 && *x.flag;
+  mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
+  mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, c.ch.split, nsplit, known_last,
+                                               c.nt, c.tok0, x.row0, c.rows, ct, h, wq, g, tq,
+                                               x.flag, (float *)x.p_b8, (size_t)NS * TILE8);
+  /* the merge's scratch (generic writes) before the next bulk copies;
+   * O's rows read before the next conversion */
+  kva_fence_proxy_async_smem();
+  mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
+}
+
+template <int QT, int NQ, int SW>
+__global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
+    kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
+  constexpr int TILE8 = KVA_MLA9_TILE8, NS = KVA_MLA10_STAGES(SW);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  constexpr int CT = KVA_F16; /* the tensor cores' type (fp8 latents) */
+  /* misc smem: red [SW][2][4][NQ], cst [NP][NQ], sm, sl [NQ]; SW = 2: mch
+   * [2][NQ], rlb [2][4][NQ]; then the mbarriers and the flag */
+  constexpr int NF = 8 * NQ * SW + (NP + 2) * NQ + (SW == 2 ? 10 * NQ : 0);
+  constexpr int NBAR = 2 * NS + 2 * NP + 2 + (SW == 2 ? 2 : 0);
+  static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
+  static_assert(SW == 1 || SW == 2, "one or two S warpgroups");
+  static_assert(KVA_MLA10_SMEM_SW(NQ, SW) <= 232448, "227 KB of smem per CTA");
+  static_assert(NQ * (KVA_MLA_DV + 4) * 4 <= NS * TILE8, "O's rows fit the byte stages");
+  static_assert(NF * 4 + 8 * NBAR + 8 <= KVA_MLA10_MISC(SW), "misc smem");
+  extern __shared__ __align__(1024) unsigned char smem[];
+  mla10_ctx x;
+  const uint32_t s_raw = kva_smem_u32(smem);
+  x.s_q = (s_raw + 1023u) & ~1023u;
+  x.p_q = smem + (x.s_q - s_raw);
+  x.s_p = x.s_q + KVA_MLA10_Q(NQ);
+  x.s_b8 = x.s_p + NP * PB;
+  x.p_p = x.p_q + KVA_MLA10_Q(NQ);
+  x.p_b8 = x.p_p + NP * PB;
+  x.red = (float *)(x.p_b8 + NS * TILE8);
+  x.cst = x.red + 8 * NQ * SW;
+  x.sm = x.cst + NP * NQ;
+  x.sl = x.sm + NQ;
+  x.mch = x.sl + NQ;
+  x.rlb = x.mch + 2 * NQ;
+  /* mbarriers: byte stage full 0..NS-1 (the O threads' fills), empty
+   * NS..2NS-1 (read by an S warpgroup's S^T and the O warpgroups' O^T);
+   * then pfull x NP, pempty x NP, stats full, stats empty; SW = 2: mready x 2 */
+  x.s_bar = x.s_b8 + NS * TILE8 + NF * 4;
+  x.pfull = x.s_bar + 8 * (2 * NS);
+  x.pempty = x.pfull + 8 * NP;
+  x.sfull = x.pempty + 8 * NP;
+  x.sempty = x.sfull + 8;
+  x.mready = x.sempty + 8;
+  x.flag = (volatile int *)(x.p_b8 + NS * TILE8 + NF * 4 + 8 * NBAR);
+
+  x.tid = threadIdx.x;
+  const int lane = x.tid & 31, warp = x.tid >> 5;
+  x.wg = mla_uni(warp >> 2);
+  x.wq = warp & 3;
+  x.g = lane >> 2;
+  x.tq = lane & 3;
+  x.tw = x.tid & 127;
   const kva_plan_header *hdr = a.hdr;
   kva_griddep_launch_dependents();
-  const int row0 = (int)blockIdx.y * NQ;
-  if ((int)blockIdx.x >= hdr->num_workers || row0 >= hdr->max_q_len * a.hq) return;
+  x.row0 = (int)blockIdx.y * NQ;
+  if ((int)blockIdx.x >= hdr->num_workers || x.row0 >= hdr->max_q_len * a.hq) return;
   const kva_split_work wk = a.sched[blockIdx.x];
-  if (a.prefetch_keys > 0 && blockIdx.y == 0 && tid == 0)
+  if (a.prefetch_keys > 0 && blockIdx.y == 0 && x.tid == 0)
     mla_prefetch_first<1>(a, wk, a.prefetch_keys);
-  if (tid == 0) {
+  if (x.tid == 0) {
+    /* empty: an S warpgroup's 128 and the O threads'; pfull, stats full
+     * and mready: one S warpgroup's; full, pempty and stats empty: the O
+     * threads' */
 #pragma unroll 1
-    for (int i = 0; i < 2 * NS + 6; i++) /* pfull and stats full: warpgroup 0 */
-      kva_mbar_init(s_bar + 8 * i, i >= NS && i < 2 * NS ? KVA_MLA10_THREADS
-                                   : i == 2 * NS || i == 2 * NS + 1 || i == 2 * NS + 4
-                                       ? KVA_MLA_THREADS / 2
-                                       : KVA_MLA_THREADS);
+    for (int i = 0; i < NBAR; i++) {
+      const uint32_t b = x.s_bar + 8 * i;
+      const bool s128 = (b >= x.pfull && b < x.pempty) || b == x.sfull || b >= x.mready;
+      kva_mbar_init(b, i >= NS && i < 2 * NS ? 128 + KVA_MLA_THREADS
+                       : s128                ? 128
+                                             : KVA_MLA_THREADS);
+    }
   }
   __syncthreads(); /* the inits are seen by every thread */
   /* Q, the latents and the outputs belong to the kernels before (PDL) */
   kva_griddep_wait();
-  const unsigned char *const kvg = (const unsigned char *)a.kv;
-  const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+  x.kvg = (const unsigned char *)a.kv;
+  x.qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
 #ifdef KVA_MLA10_PHASES
   unsigned long long ph[KVA_TRACE_WORDS] = {0};
+#define MLA10_PH , ph
+#else
+#define MLA10_PH
 #endif
 
   uint32_t nb = 0, nc = 0; /* blocks and chunks so far: the barriers' phases */
-  for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
-    const int r = a.sched_order[wi];
-    const int nsplit = a.split_indptr[r + 1] - a.split_indptr[r];
-    if (nsplit == 0) continue; /* not a decode request */
-    const int nt = a.num_new[r], rows_all = nt * a.hq;
-    if (row0 >= rows_all) continue;
-    /* this tile's rows end (mla_finish_chunk's bound) */
-    const int rows = rows_all < row0 + NQ ? rows_all : row0 + NQ;
-    const int kv_len = a.cache_seqlens[r], cached = kv_len - nt;
-    const kva_split_chunk ch = kva_split_chunk_at(wk, wi, kv_len);
-    const int k0 = ch.k0, k1 = ch.k1;
-    const int nblk = k1 > k0 ? (k1 - k0 + BN - 1) / BN : 0;
-    const int tok0 = a.cu_q[r];
-    const int32_t *const pt = a.page_table + (size_t)r * hdr->page_table_stride;
-
-    if (wg == 0) {
-      /* ---- warpgroup 0: Q, S^T, the softmax, P^T ---- */
-      if (nblk > 0) {
-        const unsigned char *qg = (const unsigned char *)a.q;
-        for (int i = tw; i < NQ * (KVA_MLA_D / 8); i += 128) {
-          const int row = i / (KVA_MLA_D / 8), c = i - row * (KVA_MLA_D / 8);
-          const int grow = row0 + row, ok = grow < rows;
-          const int t = grow / a.hq, h = grow - t * a.hq;
-          const unsigned char *src =
-              ok ? qg + ((int64_t)(tok0 + t) * a.hq + h) * (KVA_MLA_D * 2) + c * 16 : qg;
-          kva_cp_async_16(s_q + mla_sw<NQ>(row, c), src, ok ? 16 : 0);
-        }
-        kva_cp_async_commit();
-        kva_cp_async_wait<0>();
-        mla_bar_sync(KVA_MLA10_BAR_S, 128); /* every thread's copies landed */
-        for (int i = tw; i < NQ * (KVA_MLA_D / 64); i += 128)
-          mla10_q_permute<QT, NQ>(p_q, i % NQ, i / NQ);
-        kva_fence_proxy_async_smem(); /* Q -> wgmma */
-      }
-      mla_bar_sync(KVA_MLA10_BAR_S, 128); /* Q seen by every warp */
-      /* this thread's S^T columns: rows 8 jj + 2 tq + e */
-      int pos[NJ][2];
-      float mr[NJ][2], lr[NJ][2];
-#pragma unroll
-      for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          pos[jj][e] = cached + (row0 + 8 * jj + 2 * tq + e) / a.hq;
-          mr[jj][e] = -INFINITY;
-          lr[jj][e] = 0.0f;
-        }
-      const uint64_t dq = mla_desc(s_q, 16, 1024);
-      for (int j = 0; j < nblk; j++) {
-        const uint32_t u = nb + (uint32_t)j, pb = u & 1u;
-        const int kt = k0 + j * BN;
-        /* S^T's k-steps go round KVA_MLA10_SACC accumulator sets, summed
-         * after: at N = 16 or 32 a k-step is a few cycles of math, and one
-         * chain of 36 wgmmas on one accumulator waits on each. H100: two
-         * sets 0.3-1.4% faster on 11 of FlashMLA's 12 fp8 rows of 16 and
-         * 32 (the chain is not what bounds v10); three and four no better */
-        constexpr int SA = KVA_MLA10_SACC;
-        float sacc[SA][4 * NJ];
-#pragma unroll
-        for (int q = 0; q < SA; q++)
-#pragma unroll
-          for (int i = 0; i < 4 * NJ; i++) {
-            sacc[q][i] = 0.0f;
-            kva_reg_fence_f32(&sacc[q][i]);
-          }
-        /* S^T: K's bytes converted into A fragments a column block at a
-         * time (a register set is rewritten once the wgmmas that read it
-         * are over) */
-        const uint32_t sb = u % NS;
-        MLA10_CLK(t0);
-        kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
-        MLA10_CLK(tb);
-        MLA10_ADD(0, tb, t0);
-        const unsigned char *const st8 = p_b8 + sb * TILE8;
-        constexpr int NK = KVA_MLA10_KSETS(NQ), KG = KVA_MLA10_KGROUP(NQ);
-        uint32_t kf[NK][4][4];
-#pragma unroll
-        for (int c0 = 0; c0 < 9; c0 += KG) {
-#pragma unroll
-          for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
-            if (cb >= NK) kva_wgmma_wait<NK - 1>();
-            mla10_k_frags(kf[cb % NK], st8, cb, wq, g, tq);
-#pragma unroll
-            for (int st = 0; st < 4; st++)
-#pragma unroll
-              for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % NK][st][i]);
-          }
-          kva_wgmma_fence(); /* one a group of column blocks */
-#pragma unroll
-          for (int cb = c0; cb < c0 + KG && cb < 9; cb++) {
-#pragma unroll
-            for (int st = 0; st < 4; st++)
-              mla10_mma_rs<NQ>(sacc[(4 * cb + st) % SA], kf[cb % NK][st],
-                               dq + ((uint32_t)(cb * QB + st * 32) >> 4), 4 * cb + st >= SA);
-            kva_wgmma_commit();
-          }
-        }
-        MLA10_CLK(t1);
-        MLA10_ADD(1, t1, tb);
-        kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
-        kva_wgmma_wait<0>();
-#pragma unroll
-        for (int q = 0; q < SA; q++)
-#pragma unroll
-          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&sacc[q][i]);
-#pragma unroll
-        for (int q = 1; q < SA; q++)
-#pragma unroll
-          for (int i = 0; i < 4 * NJ; i++) sacc[0][i] += sacc[q][i];
-        MLA10_CLK(t2);
-        MLA10_ADD(2, t2, t1);
-        /* logits (base 2), masked on a chunk's boundary blocks; sacc[0][4 jj +
-         * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
-        const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
-        float mx[NJ][2];
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            mx[jj][e] = -INFINITY;
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-              float x = sacc[0][4 * jj + 2 * hf + e] * qk_mul;
-              if (need_mask) {
-                const int key = kt + 16 * wq + g + 8 * hf;
-                if (key >= k1 || (a.causal && key > pos[jj][e])) x = -INFINITY;
-              }
-              sacc[0][4 * jj + 2 * hf + e] = x;
-              mx[jj][e] = fmaxf(mx[jj][e], x);
-            }
-            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 4));
-            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 8));
-            mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 16));
-          }
-        /* the block's max of each row over the four warps' keys (two
-         * buffers: a barrier a block keeps them apart) */
-        float *const rd = red + (u & 1u) * 4 * NQ;
-        if (g == 0)
-#pragma unroll
-          for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) rd[wq * NQ + 8 * jj + 2 * tq + e] = mx[jj][e];
-        mla_bar_sync(KVA_MLA10_BAR_S, 128);
-        MLA10_CLK(t3);
-        MLA10_ADD(3, t3, t2);
-        /* P^T's buffer: the O warpgroups' O^T of block u - 2 is over */
-        kva_mbar_wait(pempty + 8 * pb, ((u >> 1) & 1u) ^ 1u);
-        MLA10_CLK(t4);
-        MLA10_ADD(4, t4, t3);
-        unsigned char *const pp = p_p + pb * PB;
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int n = 8 * jj + 2 * tq + e;
-            const float bm =
-                fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
-            const float mn = kva_online_max(mr[jj][e], bm);
-            const float mu = mn == -INFINITY ? 0.0f : mn; /* all masked so far: p = 0 */
-            const float c = kva_ex2(mr[jj][e] - mu);
-            mr[jj][e] = mn;
-            const float p0 = kva_ex2(sacc[0][4 * jj + e] - mu);     /* key 16 wq + g */
-            const float p1 = kva_ex2(sacc[0][4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
-            lr[jj][e] = lr[jj][e] * c + p0 + p1;
-            const uint32_t pk = kva_pack_f16x2(p0, p1);
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-              const int key = 16 * wq + g + 8 * hf;
-              *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
-                  (uint16_t)(hf ? pk >> 16 : pk & 0xffffu);
-            }
-            if (wq == 0 && g == 0) cst[pb * NQ + n] = c;
-          }
-        kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
-        kva_mbar_arrive(pfull + 8 * pb);
-        MLA10_ADD(5, clock64(), t4);
-        MLA10_BLOCK();
-      }
-      /* the chunk's end: each row's m and l (l over the lanes and warps) */
-#pragma unroll
-      for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 4);
-          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 8);
-          lr[jj][e] += __shfl_xor_sync(0xffffffffu, lr[jj][e], 16);
-        }
-      kva_mbar_wait(sempty, (nc & 1u) ^ 1u); /* the last chunk's m, l taken */
-      float *const rl = red + ((nb + (uint32_t)nblk) & 1u) * 4 * NQ;
-      if (g == 0)
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int n = 8 * jj + 2 * tq + e;
-            rl[wq * NQ + n] = lr[jj][e];
-            if (wq == 0) sm[n] = mr[jj][e];
-          }
-      mla_bar_sync(KVA_MLA10_BAR_S, 128);
-      if (tw < NQ) sl[tw] = rl[tw] + rl[NQ + tw] + rl[2 * NQ + tw] + rl[3 * NQ + tw];
-      mla_bar_sync(KVA_MLA10_BAR_S, 128); /* rl read before the next block writes it */
-      kva_mbar_arrive(sfull);
-    } else {
-      /* ---- the O warpgroups: bytes, conversion, O^T ---- */
-      const int h = wg - 1, ct = tid - 128;
-      float ot[4][4 * NJ];
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-#pragma unroll
-        for (int i = 0; i < 4 * NJ; i++) ot[c][i] = 0.0f;
-#pragma unroll 1
-      for (int b = 0; b < NS && b < nblk; b++)
-        mla10_fill(s_b8, s_bar, nb + (uint32_t)b, kvg, pt, k0 + b * BN, k1, a, ct);
-      const uint64_t dp = mla_desc(s_p, 16, 1024);
-      for (int j = 0; j < nblk; j++) {
-        const uint32_t u = nb + (uint32_t)j, pb = u & 1u, sb = u % NS;
-        const int kt = k0 + j * BN;
-        MLA10_CLK(t0);
-        kva_mbar_wait(s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
-        MLA10_CLK(t1);
-        MLA10_ADD(6, t1, t0);
-        kva_mbar_wait(pfull + 8 * pb, (u >> 1) & 1u);  /* P^T and the factors */
-        MLA10_CLK(t2);
-        MLA10_ADD(7, t2, t1);
-        float cf[NJ][2];
-        bool moved = false;
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            cf[jj][e] = cst[pb * NQ + 8 * jj + 2 * tq + e];
-            moved |= cf[jj][e] != 1.0f;
-          }
-        if (__any_sync(0xffffffffu, moved))
-#pragma unroll
-          for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-              for (int i = 0; i < 4; i++) ot[c][4 * jj + i] *= cf[jj][i & 1];
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
-        /* O^T += V^T P^T: per key step the four tiles' A fragments from the
-         * bytes (KVA_MLA10_VSETS sets: a set is rewritten once the wgmmas
-         * that read it are over) */
-        const unsigned char *const st8 = p_b8 + sb * TILE8;
-        constexpr int NV = KVA_MLA10_VSETS(NQ), VG = NV / 2; /* key steps a wgmma.fence */
-        uint32_t vf[NV][4][4];
-#pragma unroll
-        for (int s0 = 0; s0 < 4; s0 += VG) {
-#pragma unroll
-          for (int st = s0; st < s0 + VG; st++) {
-            if (st >= NV) kva_wgmma_wait<NV - 1>();
-            mla10_v_frags(vf[st % NV], st8, st, k1 - kt, h, wq, g, tq);
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-#pragma unroll
-              for (int i = 0; i < 4; i++) kva_reg_fence_u32(&vf[st % NV][c][i]);
-          }
-          kva_wgmma_fence();
-#pragma unroll
-          for (int st = s0; st < s0 + VG; st++) {
-#pragma unroll
-            for (int c = 0; c < 4; c++)
-              mla10_mma_rs<NQ>(ot[c], vf[st % NV][c], dp + ((uint32_t)(pb * PB + st * 32) >> 4),
-                               1);
-            kva_wgmma_commit();
-          }
-        }
-        MLA10_CLK(t3);
-        MLA10_ADD(8, t3, t2);
-        kva_mbar_arrive(s_bar + 8 * (NS + sb)); /* this thread's reads of the bytes are over */
-        kva_wgmma_wait<0>();
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-          for (int i = 0; i < 4 * NJ; i++) kva_reg_fence_f32(&ot[c][i]);
-        MLA10_CLK(t4);
-        MLA10_ADD(9, t4, t3);
-        kva_mbar_arrive(pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
-        if (j + NS < nblk) mla10_fill(s_b8, s_bar, u + NS, kvg, pt, kt + NS * BN, k1, a, ct);
-        MLA10_ADD(10, clock64(), t4);
-      }
-      /* ---- the chunk's end ---- */
-      kva_mbar_wait(sfull, nc & 1u);
-      float m2[2], lt[2];
-#pragma unroll
-      for (int hf = 0; hf < 2; hf++) {
-        const int lrow = 16 * wq + g + 8 * hf;
-        m2[hf] = lrow < NQ ? sm[lrow] : -INFINITY;
-        lt[hf] = lrow < NQ ? sl[lrow] : 0.0f;
-      }
-      kva_mbar_arrive(sempty);
-      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
-      float *const orows = (float *)p_b8;           /* [NQ][OROW]: no fill is in flight */
-#pragma unroll
-      for (int c = 0; c < 4; c++)
-#pragma unroll
-        for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-          for (int i = 0; i < 4; i++)
-            orows[(8 * jj + 2 * tq + (i & 1)) * OROW + 256 * h + 64 * wq + 8 * g + 2 * c +
-                  (i >> 1)] = ot[c][4 * jj + i];
-      if (nsplit == 2 && ct == 0) *flag = mla_known_last(a, r, ch.split);
-      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows and the flag written */
-      float o[2][64];
-#pragma unroll
-      for (int hf = 0; hf < 2; hf++) {
-        const int lrow = 16 * wq + g + 8 * hf;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-          for (int j16 = 0; j16 < 16; j16++) {
-            float2 v = make_float2(0.0f, 0.0f);
-            if (lrow < NQ)
-              v = *(const float2 *)(orows + lrow * OROW + 256 * h + 128 * hh + 8 * j16 + 2 * tq);
-            o[hh][4 * j16 + 2 * hf] = v.x;
-            o[hh][4 * j16 + 2 * hf + 1] = v.y;
-          }
-      }
-      const int known_last = nsplit == 2 && *flag;
-      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
-      mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, ch.split, nsplit, known_last,
-                                                   nt, tok0, row0, rows, ct, h, wq, g, tq, flag,
-                                                   (float *)p_b8, (size_t)NS * TILE8);
-      /* the merge's scratch (generic writes) before the next bulk copies;
-       * O's rows read before the next conversion */
-      kva_fence_proxy_async_smem();
-      mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
+  if (SW == 1) {
+    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+      mla10_chunk c;
+      if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;
+      if (x.wg == 0)
+        mla10_s_chunk<QT, NQ, SW>(a, x, c, 0, nb, nc MLA10_PH);
+      else
+        mla10_o_chunk<QT, NQ, SW>(a, x, c, nb, nc MLA10_PH);
+      nb += (uint32_t)c.nblk;
+      nc++;
     }
-    nb += (uint32_t)nblk;
-    nc++;
+  } else if (x.wg < SW) {
+    /* registers from the S warpgroups to the O warpgroups (a zero sum) */
+    kva_setmaxnreg_dec<KVA_MLA10_S2_SREGS>();
+    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+      mla10_chunk c;
+      if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;
+      mla10_s_chunk<QT, NQ, SW>(a, x, c, x.wg, nb, nc MLA10_PH);
+      nb += (uint32_t)c.nblk;
+      nc++;
+    }
+  } else {
+    kva_setmaxnreg_inc<KVA_MLA10_S2_OREGS>();
+    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+      mla10_chunk c;
+      if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;
+      mla10_o_chunk<QT, NQ, SW>(a, x, c, nb, nc MLA10_PH);
+      nb += (uint32_t)c.nblk;
+      nc++;
+    }
   }
+#undef MLA10_PH
 #ifdef KVA_MLA10_PHASES
-  if (a.trace && (tid == 0 || tid == 128)) { /* words 0-5 and 11 by warpgroup 0, 6-10 by the O */
-    unsigned long long *w = a.trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_TRACE_WORDS;
+  /* words 0-5 and 11 by the first S thread, 6-10 by the first O thread */
+  if (a.trace && (x.tid == 0 || x.tid == 128 * SW)) {
+    unsigned long long *w =
+        a.trace + ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * KVA_TRACE_WORDS;
     for (int k = 0; k < KVA_TRACE_WORDS; k++)
-      if ((tid == 0) == (k < 6 || k == 11)) w[k] = ph[k];
+      if ((x.tid == 0) == (k < 6 || k == 11)) w[k] = ph[k];
   }
 #endif
 }

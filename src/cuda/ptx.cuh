@@ -149,6 +149,23 @@ static __device__ __forceinline__ uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x) {
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
   return r;
 }
+/* The low / high two bytes of x (e4m3, low byte first) -> f16x2 (exact);
+ * the halves taken with a mov.b32 split, which ptxas can fold into the
+ * conversion's operand instead of a shift. */
+static __device__ __forceinline__ uint32_t kva_cvt_e4m3x2_f16x2_lo(uint32_t x) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n"
+      : "=r"(r)
+      : "r"(x));
+  return r;
+}
+static __device__ __forceinline__ uint32_t kva_cvt_e4m3x2_f16x2_hi(uint32_t x) {
+  uint32_t r;
+  asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n"
+      : "=r"(r)
+      : "r"(x));
+  return r;
+}
 /* f16x2 -> bf16x2 through f32 (exact for values from e4m3). */
 static __device__ __forceinline__ uint32_t kva_f16x2_to_bf16x2(uint32_t h) {
   uint32_t r;

@@ -1,4 +1,4 @@
-/* Host emulation runtime for the extend kernels (test-only): up to 384
+/* Host emulation runtime for the extend kernels (test-only): up to 512
  * coroutine threads per CTA, warp collectives, named barriers (bar.sync /
  * bar.arrive with thread counts; __syncthreads is barrier 0), mbarriers
  * with phases, cp.async that lands at its issue, at wait_group, or (with
@@ -24,7 +24,7 @@ size_t emu_smem_limit = sizeof(smem);
 int emu_no_known_last = 0;
 dim3 emu_blockIdx, emu_gridDim;
 
-enum { NTH_MAX = 384, NBAR = 16 };
+enum { NTH_MAX = 512, NBAR = 16 };
 static int NTH = 128;
 struct Copy {
   uint32_t dst;

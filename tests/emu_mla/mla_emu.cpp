@@ -44,9 +44,9 @@ static void body() {
   else if (g_run_ver == 9)
     kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
   else if (g_run_ver == 10 && g_nq10 == 16)
-    kva_mla_kernel_v10<QT, 16>(g_args);
+    kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>(g_args);
   else if (g_run_ver == 10)
-    kva_mla_kernel_v10<QT, 32>(g_args);
+    kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -130,8 +130,11 @@ static int run_case(const Case &c, int idx) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      /* v6, v9, v10: 384 threads */
-      emu_run_grid(fn, c.workers, g_run_ver >= 6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS);
+      /* v6, v9: 384 threads; v10: 128 a warpgroup */
+      emu_run_grid(fn, c.workers,
+                   g_run_ver == 10 ? KVA_MLA10_THREADS(KVA_MLA10_SWG(g_nq10))
+                   : g_run_ver >= 6 ? KVA_MLA6_THREADS
+                                    : KVA_MLA_THREADS);
     }
     if (emu_split_sem_dirty(sp, idx)) return 1;
     if (pass == 0 && one_pass < 0) {

@@ -34,6 +34,8 @@ uint32_t kva_pack_bf16x2(float lo, float hi);
 static inline float kva_ex2(float x) { return exp2f(x); }
 static inline float kva_rcp(float x) { return 1.0f / x; }
 uint32_t kva_cvt_e4m3x2_f16x2(uint16_t x);
+static inline uint32_t kva_cvt_e4m3x2_f16x2_lo(uint32_t x) { return kva_cvt_e4m3x2_f16x2((uint16_t)(x & 0xffffu)); }
+static inline uint32_t kva_cvt_e4m3x2_f16x2_hi(uint32_t x) { return kva_cvt_e4m3x2_f16x2((uint16_t)(x >> 16)); }
 uint32_t kva_f16x2_to_bf16x2(uint32_t h);
 uint32_t kva_tid_x_volatile(void);
 static inline void kva_wgmma_fence(void) {}
