@@ -108,7 +108,7 @@
 #define KVA_MLA10_ZERO_TAIL 1
 #endif
 /* accumulator sets S^T's k-steps go round (then summed); one with two S
- * warpgroups (fewer registers; H100: 0.4-1.3% faster than two there) */
+ * warpgroups (fewer registers; H100: 0.7-3.9% faster than two there) */
 #ifndef KVA_MLA10_SACC
 #define KVA_MLA10_SACC 2
 #endif
@@ -196,17 +196,20 @@ static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const uns
   const uint2 yb = *(const uint2 *)(base + (r0 + 9 - odd) * KVA_MLA_D);
 #if KVA_MLA10_ZERO_TAIL /* keys past the chunk are zero bytes (mla10_fill) */
   (void)nrows;
-  const uint2 x0 = odd ? xb : xa, x1 = odd ? xa : xb;
-  const uint2 y0 = odd ? yb : ya, y1 = odd ? ya : yb;
+  /* a holds key r0 + odd: the permute's selector takes the pair's order
+   * (bytes 0-3 <-> 4-7) instead of a select per word */
+  const uint2 x0 = xa, x1 = xb, y0 = ya, y1 = yb;
+  const uint32_t flip = odd ? 0x4444u : 0u;
 #else
   const uint2 z = make_uint2(0u, 0u);
   const uint2 x0 = r0 < nrows ? (odd ? xb : xa) : z, x1 = r0 + 1 < nrows ? (odd ? xa : xb) : z;
   const uint2 y0 = r0 + 8 < nrows ? (odd ? yb : ya) : z, y1 = r0 + 9 < nrows ? (odd ? ya : yb) : z;
+  const uint32_t flip = 0u;
 #endif
 #pragma unroll
   for (int c = 0; c < 4; c++) {
     /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
-    const uint32_t sel = (uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u;
+    const uint32_t sel = ((uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u) ^ flip;
     const uint32_t px = kva_prmt(c < 2 ? x0.x : x0.y, c < 2 ? x1.x : x1.y, sel);
     const uint32_t py = kva_prmt(c < 2 ? y0.x : y0.y, c < 2 ? y1.x : y1.y, sel);
     f[c][0] = kva_cvt_e4m3x2_f16x2_lo(px); /* dim 2c, keys r0, r0 + 1 */
@@ -370,14 +373,16 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
     kva_fence_proxy_async_smem(); /* Q -> wgmma */
   }
   mla_bar_sync(bar_all, 128 * SW); /* Q seen by every warp */
-  /* this thread's S^T columns: rows 8 jj + 2 tq + e */
-  int pos[NJ][2];
+  /* this thread's S^T columns: rows 8 jj + 2 tq + e; klim: the row's
+   * last key (the chunk's end, and its position when causal) */
+  int klim[NJ][2];
   float mr[NJ][2], lr[NJ][2];
 #pragma unroll
   for (int jj = 0; jj < NJ; jj++)
 #pragma unroll
     for (int e = 0; e < 2; e++) {
-      pos[jj][e] = cached + (x.row0 + 8 * jj + 2 * tq + e) / a.hq;
+      const int pos = cached + (x.row0 + 8 * jj + 2 * tq + e) / a.hq;
+      klim[jj][e] = a.causal && pos < k1 - 1 ? pos : k1 - 1;
       mr[jj][e] = -INFINITY;
       lr[jj][e] = 0.0f;
     }
@@ -453,22 +458,21 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
     /* logits (base 2), masked on a chunk's boundary blocks; sacc[0][4 jj +
      * 2 hf + e]: key 16 wq + g + 8 hf, row 8 jj + 2 tq + e */
     const bool need_mask = kt + BN > k1 || (a.causal && kt + BN - 1 > cached);
+#pragma unroll
+    for (int i = 0; i < 4 * NJ; i++) sacc[0][i] *= x.qk_mul;
+    if (need_mask)
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) { /* key 16 wq + g + 8 (i >> 1), row 8 jj + 2 tq + (i & 1) */
+          if (kt + 16 * wq + g + 8 * (i >> 1) > klim[jj][i & 1]) sacc[0][4 * jj + i] = -INFINITY;
+        }
     float mx[NJ][2];
 #pragma unroll
     for (int jj = 0; jj < NJ; jj++)
 #pragma unroll
       for (int e = 0; e < 2; e++) {
-        mx[jj][e] = -INFINITY;
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          float v = sacc[0][4 * jj + 2 * hf + e] * x.qk_mul;
-          if (need_mask) {
-            const int key = kt + 16 * wq + g + 8 * hf;
-            if (key >= k1 || (a.causal && key > pos[jj][e])) v = -INFINITY;
-          }
-          sacc[0][4 * jj + 2 * hf + e] = v;
-          mx[jj][e] = fmaxf(mx[jj][e], v);
-        }
+        mx[jj][e] = fmaxf(sacc[0][4 * jj + e], sacc[0][4 * jj + 2 + e]);
         mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 4));
         mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 8));
         mx[jj][e] = fmaxf(mx[jj][e], __shfl_xor_sync(0xffffffffu, mx[jj][e], 16));
