@@ -110,7 +110,7 @@ extern "C" {
 #define KVA_MLA10_SMEM_SW(nq, sw)                                                 \
   (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF(sw) * KVA_MLA10_P(nq) +                \
    KVA_MLA10_STAGES(sw) * KVA_MLA9_TILE8 +                                        \
-   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32) */
+   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32); SW 2: 198656 (32) */
 #define KVA_MLA10_SMEM(nq) KVA_MLA10_SMEM_SW(nq, KVA_MLA10_SWG(nq))
 
 /* Kernel arguments (by value); batch-dependent values are read on the
