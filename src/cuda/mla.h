@@ -89,9 +89,12 @@ extern "C" {
  * the byte stages of a 64-key block (O's f32 rows at a chunk's end) and
  * the row maxima, factors, m, l, mbarriers and a flag. SW S^T warpgroups
  * (KVA_MLA10_SWG16 / 32 at NQ 16 / 32): one, with five byte stages, or
- * two taking alternate blocks, with four. */
+ * two taking alternate blocks, with four (the default at both: H100,
+ * 2026-11-27, -8 to -10% at 32 rows, -1.5 to -3.6% on three of four
+ * 16-row rows and +1.0% on the fourth; docs/performance.md, "Thirty-fifth
+ * session"). */
 #ifndef KVA_MLA10_SWG16
-#define KVA_MLA10_SWG16 1
+#define KVA_MLA10_SWG16 2
 #endif
 #ifndef KVA_MLA10_SWG32
 #define KVA_MLA10_SWG32 2
@@ -110,7 +113,7 @@ extern "C" {
 #define KVA_MLA10_SMEM_SW(nq, sw)                                                 \
   (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF(sw) * KVA_MLA10_P(nq) +                \
    KVA_MLA10_STAGES(sw) * KVA_MLA9_TILE8 +                                        \
-   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32); SW 2: 198656 (32) */
+   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32); SW 2: 176128, 198656 */
 #define KVA_MLA10_SMEM(nq) KVA_MLA10_SMEM_SW(nq, KVA_MLA10_SWG(nq))
 
 /* Kernel arguments (by value); batch-dependent values are read on the

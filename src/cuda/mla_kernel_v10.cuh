@@ -22,7 +22,7 @@
  * columns (a row's max over the block through smem between its four
  * warps), writes P^T (f16, [NQ rows][64 keys], a K-major B operand) and
  * the rows' factors into one of two buffers and arrives on its `pfull`.
- * With SW = 2 (the default at NQ = 32) the two take alternate blocks
+ * With SW = 2 (the default) the two take alternate blocks
  * (mla10_s_chunk). The O warpgroups own O^T's dims (tile c's M rows stand
  * for dims 256 h + 64 wq + 8 g + 2 c and + 1, so one 8-byte load of a key
  * feeds all four tiles): per block they wait for P^T, rescale O^T, build
