@@ -2,7 +2,10 @@
 """Where MLA v10's block time goes: reads the KVA_DEC_TRACE file of a
 `kvattn bench --mode mla` run built with -DKVA_MLA10_PHASES (each CTA's
 cycles per phase summed over its blocks; see mla_kernel_v10.cuh) and prints
-the cycles a block of each phase, over the last launch's CTAs.
+the cycles a block of each phase, over the last launch's CTAs. With two
+S warpgroups (the default since the thirty-fifth session) the blocks are
+S warpgroup 0's, half of the CTA's: its rows are per block of its own,
+and the O rows per two blocks.
   python3 scripts/mla10_phases.py TRACE_FILE [TRACE_FILE ...]"""
 import sys
 

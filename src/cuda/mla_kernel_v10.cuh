@@ -59,13 +59,15 @@
 #include "cuda/mla9_fp8.cuh"
 
 /* Register sets of S^T's A fragments in flight (a set is a column block)
- * and column blocks converted before each wgmma.fence, at N = 16 / 32.
+ * and column blocks converted before each wgmma.fence, at N = 16 / 32
+ * (the sets: with one S warpgroup; two have KVA_MLA10_KSETS_S2 each).
  * A warpgroup's conversion runs in series with the rs wgmmas it feeds
  * (bench/wgmma_rate.cu, rs_rate), and fewer fences shorten that chain:
- * H100, two column blocks a fence (six sets) and two key steps of O^T a
- * fence (four sets) took 3.3-3.8% off FlashMLA's fp8 rows of 16 query
- * rows. At N = 32 six sets serialize the wgmmas (C7512, registers) and
- * O^T's grouping alone was level. */
+ * H100, with one S warpgroup, two column blocks a fence (six sets) and
+ * two key steps of O^T a fence (four sets) took 3.3-3.8% off FlashMLA's
+ * fp8 rows of 16 query rows. At N = 32 six sets serialize the wgmmas
+ * (C7512, registers); with two S warpgroups more O^T steps a fence were
+ * slower (+0.3 to +3.2%) and two S^T column blocks a fence level. */
 #ifndef KVA_MLA10_KSETS16
 #define KVA_MLA10_KSETS16 6
 #endif
@@ -117,11 +119,12 @@
 #endif
 /* -DKVA_MLA10_PHASES (diagnostics; with KVA_DEC_TRACE=FILE kvattn bench,
  * read by scripts/mla10_phases.py): each CTA's cycles per phase summed
- * over its blocks, in its trace record. Warpgroup 0 (thread 0): 0 bytes
- * wait, 1 S^T's conversion and issue, 2 S^T's wait, 3 the block max and
- * its barrier, 4 the P^T buffer's wait, 5 P^T written, 11 blocks; the O
- * warpgroups (thread 128): 6 bytes wait, 7 P^T's wait, 8 rescale and O^T
- * issued, 9 O^T's wait, 10 the refill. */
+ * over its blocks, in its trace record. S warpgroup 0 (thread 0; with two
+ * S warpgroups, over its own blocks only): 0 bytes wait, 1 S^T's
+ * conversion and issue, 2 S^T's wait, 3 the block max and its barrier, 4
+ * the P^T buffer's wait, 5 P^T written, 11 blocks; the O warpgroups
+ * (thread 128 SW): 6 bytes wait, 7 P^T's wait, 8 rescale and O^T issued,
+ * 9 O^T's wait, 10 the refill. */
 #ifdef KVA_MLA10_PHASES
 #define MLA10_CLK(t) const long long t = clock64()
 #define MLA10_ADD(k, t1, t0) ph[k] += (unsigned long long)((t1) - (t0))
