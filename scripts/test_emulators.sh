@@ -26,10 +26,15 @@ run() { # run NAME COMMAND...: its last line (builds: "built"), the log's tail i
 run build-extend env EMU_OUT="$out/emu" bash tests/emu/build.sh
 run build-decode env EMU_OUT="$out/emu_decode" bash tests/emu_decode/build.sh
 run build-mla env EMU_OUT="$out/emu_mla" bash tests/emu_mla/build.sh
+# v10 with one S^T warpgroup (a build option; the default has two)
+run build-mla-v10sw1 env EMU_OUT="$out/emu_mla_sw1" EMU_CXXFLAGS="-DKVA_MLA10_SWG16=1 -DKVA_MLA10_SWG32=1" \
+  bash tests/emu_mla/build.sh
 [ $rc -eq 0 ] || exit 1
 run extend "$out/emu" -1 "$n"
 run decode "$out/emu_decode" -1 "$n"
 for k in v2 v5 v6 v9 v10; do
   run "mla-$k" env EMU_MLA_KERNEL=$k "$out/emu_mla" -1 "$n" "$seed"
 done
+run mla-v10-sw1 env EMU_MLA_KERNEL=v10 "$out/emu_mla_sw1" -1 "$n" "$seed"
+
 exit $rc
