@@ -104,11 +104,6 @@
 #define KVA_MLA10_VGROUP32 (KVA_MLA10_VSETS32 / 2)
 #endif
 #define KVA_MLA10_VGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_VGROUP16 : KVA_MLA10_VGROUP32)
-/* 1: a chunk's last block's rows past the chunk are zeroed when it is
- * filled, and O^T's fragments read them unmasked */
-#ifndef KVA_MLA10_ZERO_TAIL
-#define KVA_MLA10_ZERO_TAIL 1
-#endif
 /* accumulator sets S^T's k-steps go round (then summed); one with two S
  * warpgroups (fewer registers; H100: 0.7-3.9% faster than two there) */
 #ifndef KVA_MLA10_SACC
@@ -166,18 +161,16 @@ static __device__ __forceinline__ void mla10_fill(unsigned char *p_b8, uint32_t 
                                                   int kt, int k1, const kva_mla_args &a, int ct) {
   const uint32_t sb = u % NS, use = u / NS;
   if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (NS + sb), (use & 1u) ^ 1u);
-#if KVA_MLA10_ZERO_TAIL
   /* rows past the chunk (its last block) as zero bytes, so O^T's
-   * fragments need no masks (P is 0 there, and 0 x NaN would not be);
-   * before this thread's arrival on `full`, and fenced from the next bulk
-   * copy into them */
+   * fragments need no masks (P is 0 there, and 0 x NaN would not be; H100:
+   * the masks were ~10% of the 32-row time); before this thread's arrival
+   * on `full`, and fenced from the next bulk copy into them */
   if (ct < KVA_MLA5_BN && kt + ct >= k1) {
     uint4 *row = (uint4 *)(p_b8 + sb * KVA_MLA9_TILE8 + ct * KVA_MLA_D);
 #pragma unroll 4
     for (int i = 0; i < KVA_MLA_D / 16; i++) row[i] = make_uint4(0u, 0u, 0u, 0u);
     kva_fence_proxy_async_smem();
   }
-#endif
   mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
 }
 
@@ -186,35 +179,25 @@ static __device__ __forceinline__ void mla10_fill(unsigned char *p_b8, uint32_t 
  * + 8) stand for dims 256 h + 64 wq + 8 g + 2 c (+ 1), so one 8-byte load
  * of a key serves all four tiles; its keys are 16 st + 2 tq, + 1, + 8 and
  * + 9 (the fragment's k columns), rows of the first pair loaded in an
- * order that puts a quarter warp's loads on distinct banks. Keys at or
- * past nrows read as zero (masked P V stays finite). */
+ * order that puts a quarter warp's loads on distinct banks. Keys past the
+ * chunk are zero bytes (mla10_fill), so P V stays finite unmasked. */
 static __device__ __forceinline__ void mla10_v_frags(uint32_t f[4][4], const unsigned char *st8,
-                                                     int st, int nrows, int h, int wq, int g,
-                                                     int tq) {
+                                                     int st, int h, int wq, int g, int tq) {
   const int r0 = 16 * st + 2 * tq, odd = tq & 1;
   const unsigned char *const base = st8 + 256 * h + 64 * wq + 8 * g;
   const uint2 xa = *(const uint2 *)(base + (r0 + odd) * KVA_MLA_D);
   const uint2 xb = *(const uint2 *)(base + (r0 + 1 - odd) * KVA_MLA_D);
   const uint2 ya = *(const uint2 *)(base + (r0 + 8 + odd) * KVA_MLA_D);
   const uint2 yb = *(const uint2 *)(base + (r0 + 9 - odd) * KVA_MLA_D);
-#if KVA_MLA10_ZERO_TAIL /* keys past the chunk are zero bytes (mla10_fill) */
-  (void)nrows;
-  /* a holds key r0 + odd: the permute's selector takes the pair's order
+  /* xa holds key r0 + odd: the permute's selector takes the pair's order
    * (bytes 0-3 <-> 4-7) instead of a select per word */
-  const uint2 x0 = xa, x1 = xb, y0 = ya, y1 = yb;
   const uint32_t flip = odd ? 0x4444u : 0u;
-#else
-  const uint2 z = make_uint2(0u, 0u);
-  const uint2 x0 = r0 < nrows ? (odd ? xb : xa) : z, x1 = r0 + 1 < nrows ? (odd ? xa : xb) : z;
-  const uint2 y0 = r0 + 8 < nrows ? (odd ? yb : ya) : z, y1 = r0 + 9 < nrows ? (odd ? ya : yb) : z;
-  const uint32_t flip = 0u;
-#endif
 #pragma unroll
   for (int c = 0; c < 4; c++) {
     /* bytes 2c, 2c + 1 (dims 2c, 2c + 1) of the two keys of a pair */
     const uint32_t sel = ((uint32_t)(2 * (c & 1)) * 0x1111u + 0x5140u) ^ flip;
-    const uint32_t px = kva_prmt(c < 2 ? x0.x : x0.y, c < 2 ? x1.x : x1.y, sel);
-    const uint32_t py = kva_prmt(c < 2 ? y0.x : y0.y, c < 2 ? y1.x : y1.y, sel);
+    const uint32_t px = kva_prmt(c < 2 ? xa.x : xa.y, c < 2 ? xb.x : xb.y, sel);
+    const uint32_t py = kva_prmt(c < 2 ? ya.x : ya.y, c < 2 ? yb.x : yb.y, sel);
     f[c][0] = kva_cvt_e4m3x2_f16x2_lo(px); /* dim 2c, keys r0, r0 + 1 */
     f[c][1] = kva_cvt_e4m3x2_f16x2_hi(px); /* dim 2c + 1 */
     f[c][2] = kva_cvt_e4m3x2_f16x2_lo(py); /* dim 2c, keys r0 + 8, r0 + 9 */
@@ -352,7 +335,7 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
                                                      const mla10_chunk &c, int s, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
   constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   const int wq = x.wq, g = x.g, tq = x.tq, tw = x.tw;
   const int nblk = c.nblk, k0 = c.ch.k0, k1 = c.ch.k1, cached = c.cached, rows = c.rows;
   /* this warpgroup's barrier, and the S warpgroups' together */
@@ -599,7 +582,7 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
                                                      const mla10_chunk &c, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
   constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
   const int wq = x.wq, g = x.g, tq = x.tq;
   const int h = x.wg - SW, ct = x.tid - 128 * SW;
@@ -655,7 +638,7 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
 #pragma unroll
       for (int st = s0; st < s0 + VG; st++) {
         if (st >= NV) mla10_wgmma_wait_n(NV - 1 - (st - s0)); /* as S^T's sets */
-        mla10_v_frags(vf[st % NV], st8, st, k1 - kt, h, wq, g, tq);
+        mla10_v_frags(vf[st % NV], st8, st, h, wq, g, tq);
 #pragma unroll
         for (int cc = 0; cc < 4; cc++)
 #pragma unroll
@@ -737,7 +720,7 @@ template <int QT, int NQ, int SW>
 __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
     kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE8 = KVA_MLA9_TILE8, NS = KVA_MLA10_STAGES(SW);
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(SW);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   constexpr int CT = KVA_F16; /* the tensor cores' type (fp8 latents) */
   /* misc smem: red [SW][2][4][NQ], cst [NP][NQ], sm, sl [NQ]; SW = 2: mch
    * [2][NQ], rlb [2][4][NQ]; then the mbarriers and the flag */
