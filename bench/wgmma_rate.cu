@@ -180,14 +180,17 @@ static void run_t(int sms, int wgs) {
  * from smem; 1-3 warpgroups. conv 1: each set converted from 64 fp8
  * bytes a thread in smem first (two 16-byte loads, 16 cvt, as
  * mla10_k_frags); conv 0: the sets are fixed registers; conv 2 / 3: six
- * sets, 2 / 3 column blocks converted before one wgmma.fence. */
+ * sets, 2 / 3 column blocks converted before one wgmma.fence; conv 4:
+ * three sets, the next column block's k-step converted right after each
+ * wgmma is issued (does the conversion then overlap the wgmmas?). */
 template <int N, int CONV>
 __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned long long *cycles,
                                                   float *sink) {
   /* CONV 0: fixed registers, 1: each set converted before its k-steps
    * (four sets, as v10); 2 / 3: six sets, converted 2 / 3 column blocks
    * at a time before one wgmma.fence and their 8 / 12 k-steps */
-  constexpr int QBLK = N * 128, NK = CONV >= 2 ? 6 : 4, G = CONV >= 2 ? CONV : 1;
+  constexpr int QBLK = N * 128, NK = CONV == 4 ? 3 : CONV >= 2 ? 6 : 4,
+                G = CONV == 2 || CONV == 3 ? CONV : 1;
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
   const uint32_t s_q = (s_raw + 1023u) & ~1023u;
@@ -209,8 +212,50 @@ __global__ void __launch_bounds__(384, 1) rs_rate(int iters, int wgs, unsigned l
   const unsigned char *src = bytes + (tw >> 2) * 576 + 16 * (tw & 3);
   const unsigned long long t0 = clock64();
   for (int it = 0; it < iters; it++) {
+    if (CONV == 4) {
+      /* column block 0 converted first; cb + 1's k-step st after cb's wgmma st */
+      {
+        const uint4 x = *(const uint4 *)src, y = *(const uint4 *)(src + 32 * 576);
+        const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
-    for (int c0 = 0; c0 < 9; c0 += G) {
+        for (int st = 0; st < 4; st++) {
+          kf[0][st][0] = kva_cvt_e4m3x2_f16x2_lo(xs[st]);
+          kf[0][st][1] = kva_cvt_e4m3x2_f16x2_lo(ys[st]);
+          kf[0][st][2] = kva_cvt_e4m3x2_f16x2_hi(xs[st]);
+          kf[0][st][3] = kva_cvt_e4m3x2_f16x2_hi(ys[st]);
+        }
+      }
+#pragma unroll
+      for (int cb = 0; cb < 9; cb++) {
+        uint32_t xs[4] = {0, 0, 0, 0}, ys[4] = {0, 0, 0, 0};
+        if (cb + 1 < 9) {
+          if (cb >= 2) kva_wgmma_wait<1>(); /* set (cb + 1) % 3: group cb - 2 done */
+          const uint4 x = *(const uint4 *)(src + 64 * (cb + 1));
+          const uint4 y = *(const uint4 *)(src + 64 * (cb + 1) + 32 * 576);
+          xs[0] = x.x, xs[1] = x.y, xs[2] = x.z, xs[3] = x.w;
+          ys[0] = y.x, ys[1] = y.y, ys[2] = y.z, ys[3] = y.w;
+        }
+#pragma unroll
+        for (int st = 0; st < 4; st++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) kva_reg_fence_u32(&kf[cb % 3][st][i]);
+        kva_wgmma_fence();
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+          mla10_mma_rs<N>(d, kf[cb % 3][st], dq + ((uint32_t)(cb * QBLK + st * 32) >> 4), 1);
+          if (cb + 1 < 9) {
+            uint32_t *f = kf[(cb + 1) % 3][st];
+            f[0] = kva_cvt_e4m3x2_f16x2_lo(xs[st]);
+            f[1] = kva_cvt_e4m3x2_f16x2_lo(ys[st]);
+            f[2] = kva_cvt_e4m3x2_f16x2_hi(xs[st]);
+            f[3] = kva_cvt_e4m3x2_f16x2_hi(ys[st]);
+          }
+        }
+        kva_wgmma_commit();
+      }
+    }
+#pragma unroll
+    for (int c0 = 0; c0 < 9 && CONV != 4; c0 += G) {
 #pragma unroll
       for (int cb = c0; cb < c0 + G && cb < 9; cb++) {
         if (cb >= NK) kva_wgmma_wait<NK - 1>();
@@ -314,6 +359,13 @@ int main(void) {
     run<128>(sms, wgs);
     run_t<16>(sms, wgs);
     run_t<32>(sms, wgs);
+  }
+  for (int wgs = 1; wgs <= 3; wgs++) {
+    run_rs<64, 0>(sms, wgs);
+    run_rs<64, 1>(sms, wgs);
+    run_rs<64, 4>(sms, wgs);
+    run_rs<32, 4>(sms, wgs);
+    run_rs<16, 4>(sms, wgs);
   }
   for (int wgs = 1; wgs <= 3; wgs++) {
     run_rs<16, 0>(sms, wgs);

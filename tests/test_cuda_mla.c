@@ -211,12 +211,14 @@ static void run_case(kva_context *ctx, const mla_case *c) {
 
 /* One graph captured for a bucket of 4 requests x up to 2 new tokens, then
  * replayed for two batches of different lengths (and sizes) through the same
- * Q/O/LSE buffers. bf16 latents at h64, or fp8 at h16 (v10's rows: the
- * replays take 32 and 16 rows). */
+ * Q/O/LSE buffers. bf16 latents at h64, or fp8 at h16 or h32 (v10's rows:
+ * captured at 32 or 64 rows, a tile of 32 or 64; the replays take fewer). */
 static void run_graph_case(kva_context *ctx, kva_dtype kvt, int hq) {
   static const int cached0[] = {3000, 70, 600, 1}, fresh0[] = {2, 2, 2, 2};
-  const mla_case c = {kvt == KVA_FP8_E4M3 ? "graph fp8 p64 h16" : "graph bf16 p64 h64", 64, hq, 1,
-                      0.f, KVA_BF16, kvt, 4, cached0, fresh0, 0, 0, 1};
+  const mla_case c = {kvt != KVA_FP8_E4M3 ? "graph bf16 p64 h64"
+                      : hq == 16          ? "graph fp8 p64 h16"
+                                          : "graph fp8 p64 h32",
+                      64, hq, 1, 0.f, KVA_BF16, kvt, 4, cached0, fresh0, 0, 0, 1};
   world w;
   if (!world_make(&w, ctx, &c)) {
     CHECK(0, "graph: setup");
@@ -327,10 +329,18 @@ int main(void) {
       {"fp8 p16 h16 s2 cuts", 16, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 2, c2, f2, 5, 64, 1},
       {"varlen fp8 p64 h32 f16 sharp", 64, 32, 1, 0.6f, KVA_F16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
       {"b32 h16 s1-2 fp8 p64", 64, 16, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 32, cb, fb, 0, 0, 0},
+      /* fp8 batches of 33-64 rows (v10, one tile of 64): 64 rows, cuts,
+       * sharp logits with f16 Q, many requests, a partial tile (48 rows) */
+      {"varlen fp8 p64 h64 s1", 64, 64, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
+      {"fp8 p16 h32 s2 cuts", 16, 32, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 2, c2, f2, 5, 64, 1},
+      {"varlen fp8 p64 h64 f16 sharp", 64, 64, 1, 0.6f, KVA_F16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
+      {"b32 h32 s1-2 fp8 p64", 64, 32, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 32, cb, fb, 0, 0, 1},
+      {"fp8 p1 h24 s2 non-causal", 1, 24, 0, 0.f, KVA_BF16, KVA_FP8_E4M3, 2, c2, f2, 0, 0, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
   run_graph_case(ctx, KVA_BF16, 64);
   run_graph_case(ctx, KVA_FP8_E4M3, 16);
+  run_graph_case(ctx, KVA_FP8_E4M3, 32);
   kva_context_destroy(ctx);
   return tu_summary("test_cuda_mla");
 }

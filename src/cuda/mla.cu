@@ -66,12 +66,13 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaSt
 template <int QT>
 static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, unsigned gy,
                                  cudaStream_t s) {
-  static int optin[2][KVA_CUDA_OPTIN_DEVICES];
-  void (*fn)(kva_mla_args) = nq == 16 ? kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>
-                                       : kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>;
-  const int smem = nq == 16 ? KVA_MLA10_SMEM(16) : KVA_MLA10_SMEM(32);
+  static int optin[3][KVA_CUDA_OPTIN_DEVICES];
+  void (*fn)(kva_mla_args) = nq == 16   ? kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>
+                             : nq == 32 ? kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>
+                                        : kva_mla_kernel_v10<QT, 64, 1>;
+  const int smem = nq == 16 ? KVA_MLA10_SMEM(16) : nq == 32 ? KVA_MLA10_SMEM(32) : KVA_MLA10_SMEM(64);
   const int threads = KVA_MLA10_THREADS(KVA_MLA10_SWG(nq));
-  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[nq == 16 ? 0 : 1]));
+  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[nq == 16 ? 0 : nq == 32 ? 1 : 2]));
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(threads), (size_t)smem, s,
                                       *a, 1u));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel_v10");
@@ -152,6 +153,13 @@ static int mla_kernel_forced(void) {
   static mla_env_switch sw;
   const int v = mla_env_int(&sw, "KVA_MLA_KERNEL", 0);
   return v == 2 || v == 5 || v == 6 || v == 9 || v == 10 ? v : 0;
+}
+
+/* KVA_MLA10_NQ=32: v10 runs batches of more than 32 rows as tiles of 32
+ * (A/B against its tiles of 64). */
+static int mla_v10_tile32(void) {
+  static mla_env_switch sw;
+  return mla_env_int(&sw, "KVA_MLA10_NQ", 64) == 32;
 }
 
 /* KVA_MLA_TMA=0: v5 loads latents with cp.async only (A/B). */
@@ -360,13 +368,14 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
      * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows, 30-40% slower
      * than v2 at 16-64 (docs/performance.md, "Thirty-second session");
      * up to 64 rows v10 (keys as M: the tensor work follows the rows; 33-64
-     * rows as two tiles of 32, each reading the latents: H100, 2026-11-27,
-     * 8-13% faster than v2 at 64 rows, "Thirty-fifth session") */
+     * rows as one tile of 64: H100, 2026-11-27, 7-10% faster than two tiles
+     * of 32, which were 8-13% faster than v2; "Thirty-sixth session") */
     if (kv8 && hq * max_q <= 64) ver = 10;
   }
-  /* v10's rows a CTA: 16 or 32 (the batch's rows; a forced v10 on more
-   * rows runs tiles of 32) */
-  const int nq10 = mla_sched_rows(hq, max_q) <= 16 ? 16 : 32;
+  /* v10's rows a CTA: 16, 32 or 64 (the batch's rows; a forced v10 on more
+   * rows runs tiles of 64) */
+  const int64_t rows10 = mla_sched_rows(hq, max_q);
+  const int nq10 = rows10 <= 16 ? 16 : rows10 <= 32 || mla_v10_tile32() ? 32 : 64;
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
       (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin) ||

@@ -84,33 +84,39 @@ extern "C" {
 #define KVA_MLA9_SMEM \
   (1024 + KVA_MLA9_ROPE + 3 * KVA_MLA5_TILE + KVA_MLA9_STATS + KVA_MLA9_BARS + KVA_MLA9_NEXT_REC) /* 232192 */
 
-/* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16 or 32 query rows
- * a CTA): Q ([9][NQ rows][128 B]), two P^T buffers ([NQ rows][64 keys]),
- * the byte stages of a 64-key block (O's f32 rows at a chunk's end) and
- * the row maxima, factors, m, l, mbarriers and a flag. SW S^T warpgroups
- * (KVA_MLA10_SWG16 / 32 at NQ 16 / 32): one, with five byte stages, or
- * two taking alternate blocks, with four (the default at both: H100,
- * 2026-11-27, -8 to -10% at 32 rows, -1.5 to -3.6% on three of four
+/* v10 (mla_kernel_v10.cuh; fp8 latents, at most NQ = 16, 32 or 64 query
+ * rows a CTA): Q ([9][NQ rows][128 B]), two P^T buffers ([NQ rows][64
+ * keys]), the byte stages of a 64-key block (O's f32 rows at a chunk's
+ * end) and the row maxima, factors, m, l, mbarriers and a flag. SW S^T
+ * warpgroups (KVA_MLA10_SWG16 / 32 at NQ 16 / 32): one, with five byte
+ * stages, or two taking alternate blocks, with four (the default at both:
+ * H100, 2026-11-27, -8 to -10% at 32 rows, -1.5 to -3.6% on three of four
  * 16-row rows and +1.0% on the fourth; docs/performance.md, "Thirty-fifth
- * session"). */
+ * session"). NQ 64: one S warpgroup (the O warpgroups hold 128
+ * accumulators each, so two S warpgroups leave them too few registers)
+ * and three byte stages (Q is 72 KB); O's rows at a chunk's end then
+ * need Q's, P^T's and the stages' smem together. */
 #ifndef KVA_MLA10_SWG16
 #define KVA_MLA10_SWG16 2
 #endif
 #ifndef KVA_MLA10_SWG32
 #define KVA_MLA10_SWG32 2
 #endif
-#define KVA_MLA10_SWG(nq) ((nq) == 16 ? KVA_MLA10_SWG16 : KVA_MLA10_SWG32)
+#define KVA_MLA10_SWG(nq) ((nq) == 16 ? KVA_MLA10_SWG16 : (nq) == 32 ? KVA_MLA10_SWG32 : 1)
 #define KVA_MLA10_THREADS(sw) (128 * ((sw) + 2))
-#define KVA_MLA10_STAGES(sw) ((sw) == 2 ? 4 : 5)
+#define KVA_MLA10_STAGES(nq, sw) ((nq) == 64 ? 3 : (sw) == 2 ? 4 : 5)
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)
-#define KVA_MLA10_MISC(sw) ((sw) == 2 ? 4096 : 2048)
+#define KVA_MLA10_MISC(nq, sw) ((nq) == 64 ? 5120 : (sw) == 2 ? 4096 : 2048)
 /* P^T buffers (four measured 1-3% slower with two S warpgroups) */
-#define KVA_MLA10_PBUF 2
+#ifndef KVA_MLA10_PBUF64
+#define KVA_MLA10_PBUF64 2
+#endif
+#define KVA_MLA10_PBUF(nq) ((nq) == 64 ? KVA_MLA10_PBUF64 : 2)
 #define KVA_MLA10_SMEM_SW(nq, sw)                                                 \
-  (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF * KVA_MLA10_P(nq) +                    \
-   KVA_MLA10_STAGES(sw) * KVA_MLA9_TILE8 +                                        \
-   KVA_MLA10_MISC(sw)) /* SW 1: 209920 (16), 232448 (32); SW 2: 175104, 197632 */
+  (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF(nq) * KVA_MLA10_P(nq) +                \
+   KVA_MLA10_STAGES(nq, sw) * KVA_MLA9_TILE8 +                                    \
+   KVA_MLA10_MISC(nq, sw)) /* SW 1: 209920 (16), 232448 (32), 206848 (64); SW 2: 175104, 197632 */
 #define KVA_MLA10_SMEM(nq) KVA_MLA10_SMEM_SW(nq, KVA_MLA10_SWG(nq))
 
 /* Kernel arguments (by value); batch-dependent values are read on the

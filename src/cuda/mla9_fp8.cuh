@@ -19,11 +19,13 @@
  * TFLOP/s, the bulk copies at 386 (the same conversion). */
 /* The block at kt (keys from k1 on: not copied) into the byte stage at
  * dst8; ct: the O thread (0..255). Threads of the first 64 rows that
- * start a page run (or the block) copy it; all arrive on `full`. */
-static __device__ __forceinline__ void mla9_issue_f8(uint32_t dst8, uint32_t full,
-                                                     const unsigned char *kv, const int32_t *pt,
-                                                     int kt, int k1, const kva_mla_args &a,
-                                                     int ct) {
+ * start a page run (or the block) copy it; all arrive on `full`. PRE: the
+ * thread's page-table entry was read ahead (mla9_fill_page) into page. */
+template <bool PRE>
+static __device__ __forceinline__ void mla9_issue_f8_pt(uint32_t dst8, uint32_t full,
+                                                        const unsigned char *kv, const int32_t *pt,
+                                                        int32_t page, int kt, int k1,
+                                                        const kva_mla_args &a, int ct) {
   const int key = kt + ct;
   if (ct < KVA_MLA5_BN && key < k1) {
     const int pg = (int)((__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift);
@@ -32,13 +34,31 @@ static __device__ __forceinline__ void mla9_issue_f8(uint32_t dst8, uint32_t ful
       int n = a.page_size - off;
       if (n > k1 - key) n = k1 - key;
       if (n > KVA_MLA5_BN - ct) n = KVA_MLA5_BN - ct;
-      const int64_t slot = (int64_t)__ldg(pt + pg) * a.page_size + off;
+      const int64_t slot = (int64_t)(PRE ? page : __ldg(pt + pg)) * a.page_size + off;
       kva_mbar_arrive_expect_tx(full, (uint32_t)(n * KVA_MLA_D));
       kva_bulk_load(dst8 + ct * KVA_MLA_D, kv + slot * KVA_MLA_D, (unsigned)(n * KVA_MLA_D), full);
       return;
     }
   }
   kva_mbar_arrive(full);
+}
+static __device__ __forceinline__ void mla9_issue_f8(uint32_t dst8, uint32_t full,
+                                                     const unsigned char *kv, const int32_t *pt,
+                                                     int kt, int k1, const kva_mla_args &a,
+                                                     int ct) {
+  mla9_issue_f8_pt<false>(dst8, full, kv, pt, 0, kt, k1, a, ct);
+}
+/* Thread ct's page-table entry for mla9_issue_f8_pt<true> (0 where it
+ * copies nothing), read ahead of the fill (v10's O warpgroups, a block
+ * early). */
+static __device__ __forceinline__ int32_t mla9_fill_page(const int32_t *pt, int kt, int k1,
+                                                         const kva_mla_args &a, int ct) {
+  const int key = kt + ct;
+  if (ct < KVA_MLA5_BN && key < k1) {
+    const int pg = (int)((__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift);
+    if (ct == 0 || key - pg * a.page_size == 0) return __ldg(pt + pg);
+  }
+  return 0;
 }
 /* The byte stage p_st8 (its fill landed: `full` waited) into the 16-bit
  * stage p_st: row tw / 2 of warpgroup h's column blocks (0..3 and 8; 4..7),

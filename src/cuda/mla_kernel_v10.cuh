@@ -1,5 +1,5 @@
-/* MLA decode v10: fp8 latents for batches of at most NQ = 16 or 32 query
- * rows (q heads x new tokens), with the keys as the wgmma M.
+/* MLA decode v10: fp8 latents for batches of at most NQ = 16, 32 or 64
+ * query rows (q heads x new tokens), with the keys as the wgmma M.
  *
  * Why: v2 and v9 put a row tile of 64 query rows on M, so 16 rows pay for
  * 64 and an fp8 step at 16-32 rows cost as much tensor work as one at 64.
@@ -51,8 +51,18 @@
  * mla_finish_chunk (O, partial rows, the merges), with the byte stages as
  * the merge's scratch. Row
  * tiles are NQ rows (grid.y from the plan's capacity), so any batch is
- * covered; the kernel is picked for fp8 batches of <= 64 rows (two tiles
- * of 32 above 32 rows). */
+ * covered; the kernel is picked for fp8 batches of <= 64 rows.
+ *
+ * NQ = 64 (33-64 rows; before, two tiles of 32 that each read the
+ * latents): O^T is 128 accumulators an O thread, so one S warpgroup
+ * (setmaxnreg 104 / 200), its running max and rows' last keys in smem;
+ * Q is 72 KB, so three byte stages, and a chunk's end puts O's rows over
+ * Q's, P^T's and the stages' smem (the S warpgroup waits on `qfree`
+ * before the next chunk's Q). H100, 2026-11-27: 7-10% faster than the two
+ * tiles on FlashMLA's eight fp8 rows of 64 rows, but still ~0.5 of copy:
+ * the one S warpgroup's chain (S^T's conversion and wgmmas, the block
+ * max, P^T) takes ~4100 cycles a block of its own, against ~2900 to
+ * stream the block (docs/performance.md, "Thirty-sixth session"). */
 #ifndef KVA_CUDA_MLA_KERNEL_V10_CUH
 #define KVA_CUDA_MLA_KERNEL_V10_CUH
 
@@ -84,9 +94,20 @@
 #ifndef KVA_MLA10_KSETS_S2
 #define KVA_MLA10_KSETS_S2 2
 #endif
-#define KVA_MLA10_KSETS(NQ, SW) \
-  ((SW) == 2 ? KVA_MLA10_KSETS_S2 : (NQ) == 16 ? KVA_MLA10_KSETS16 : KVA_MLA10_KSETS32)
-#define KVA_MLA10_KGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_KGROUP16 : KVA_MLA10_KGROUP32)
+/* N = 64: one S warpgroup of fewer registers (KVA_MLA10_N64_SREGS) */
+#ifndef KVA_MLA10_KSETS64
+#define KVA_MLA10_KSETS64 2
+#endif
+#ifndef KVA_MLA10_KGROUP64
+#define KVA_MLA10_KGROUP64 1
+#endif
+#define KVA_MLA10_KSETS(NQ, SW)                                                   \
+  ((SW) == 2     ? KVA_MLA10_KSETS_S2                                             \
+   : (NQ) == 16 ? KVA_MLA10_KSETS16                                              \
+   : (NQ) == 32 ? KVA_MLA10_KSETS32                                              \
+                : KVA_MLA10_KSETS64)
+#define KVA_MLA10_KGROUP(NQ) \
+  ((NQ) == 16 ? KVA_MLA10_KGROUP16 : (NQ) == 32 ? KVA_MLA10_KGROUP32 : KVA_MLA10_KGROUP64)
 /* register sets of O^T's A fragments (a set is a key step; half of them
  * are converted before each wgmma.fence): 2 or 4, at N = 16 / 32 */
 #ifndef KVA_MLA10_VSETS16
@@ -95,7 +116,11 @@
 #ifndef KVA_MLA10_VSETS32
 #define KVA_MLA10_VSETS32 2
 #endif
-#define KVA_MLA10_VSETS(NQ) ((NQ) == 16 ? KVA_MLA10_VSETS16 : KVA_MLA10_VSETS32)
+#ifndef KVA_MLA10_VSETS64
+#define KVA_MLA10_VSETS64 2
+#endif
+#define KVA_MLA10_VSETS(NQ) \
+  ((NQ) == 16 ? KVA_MLA10_VSETS16 : (NQ) == 32 ? KVA_MLA10_VSETS32 : KVA_MLA10_VSETS64)
 /* key steps converted before each wgmma.fence: half the sets by default */
 #ifndef KVA_MLA10_VGROUP16
 #define KVA_MLA10_VGROUP16 (KVA_MLA10_VSETS16 / 2)
@@ -103,7 +128,11 @@
 #ifndef KVA_MLA10_VGROUP32
 #define KVA_MLA10_VGROUP32 (KVA_MLA10_VSETS32 / 2)
 #endif
-#define KVA_MLA10_VGROUP(NQ) ((NQ) == 16 ? KVA_MLA10_VGROUP16 : KVA_MLA10_VGROUP32)
+#ifndef KVA_MLA10_VGROUP64
+#define KVA_MLA10_VGROUP64 (KVA_MLA10_VSETS64 / 2)
+#endif
+#define KVA_MLA10_VGROUP(NQ) \
+  ((NQ) == 16 ? KVA_MLA10_VGROUP16 : (NQ) == 32 ? KVA_MLA10_VGROUP32 : KVA_MLA10_VGROUP64)
 /* accumulator sets S^T's k-steps go round (then summed); one with two S
  * warpgroups (fewer registers; H100: 0.7-3.9% faster than two there) */
 #ifndef KVA_MLA10_SACC
@@ -111,6 +140,9 @@
 #endif
 #ifndef KVA_MLA10_SACC_S2
 #define KVA_MLA10_SACC_S2 1
+#endif
+#ifndef KVA_MLA10_SACC64
+#define KVA_MLA10_SACC64 1
 #endif
 /* -DKVA_MLA10_PHASES (diagnostics; with KVA_DEC_TRACE=FILE kvattn bench,
  * read by scripts/mla10_phases.py): each CTA's cycles per phase summed
@@ -137,6 +169,19 @@
   do {                \
   } while (0)
 #endif
+/* P^T written by stmatrix .trans (0: two-byte stores). H100, 2026-11-27,
+ * 2 samples: 0 to 1.3% faster on 10 of FlashMLA's 12 fp8 rows of 16-32
+ * rows, level (+-1%) at 64; 4 instructions instead of 4 NQ / 2 stores */
+#ifndef KVA_MLA10_STSM
+#define KVA_MLA10_STSM 1
+#endif
+/* the O warpgroups read a refill's page-table entry a block ahead (its
+ * load sat in the O warpgroups' refill phase, ~740 cycles a block at 64
+ * rows). H100, 2026-11-27, 3 calls: the uniform fp8 rows of 16-32 rows
+ * 0.9-2.6% faster, their varlen rows and the 64-row rows level */
+#ifndef KVA_MLA10_PTPRE
+#define KVA_MLA10_PTPRE 1
+#endif
 #define KVA_MLA10_BAR_S 1  /* S warpgroup 0 */
 #define KVA_MLA10_BAR_O 2  /* the O warpgroups (3 and 4: mla_finish_chunk's) */
 #define KVA_MLA10_BAR_S1 5 /* S warpgroup 1 (SW = 2) */
@@ -150,15 +195,26 @@
 #define KVA_MLA10_S2_OREGS 152
 #endif
 static_assert(2 * KVA_MLA10_S2_SREGS + 2 * KVA_MLA10_S2_OREGS <= 4 * 128, "setmaxnreg: zero-sum");
+/* NQ = 64 (one S warpgroup, 384 threads, 168 registers at launch): the O
+ * warpgroups hold 128 accumulators each */
+#ifndef KVA_MLA10_N64_SREGS
+#define KVA_MLA10_N64_SREGS 104
+#endif
+#ifndef KVA_MLA10_N64_OREGS
+#define KVA_MLA10_N64_OREGS 200
+#endif
+static_assert(KVA_MLA10_N64_SREGS + 2 * KVA_MLA10_N64_OREGS <= 3 * 168, "setmaxnreg: zero-sum");
 
 /* The fill of the block at kt (global block index u) into byte stage
  * u % NS, once its last contents were read (a fresh barrier passes parity
- * 1: a stage's first fill waits for nothing). ct: the O thread. */
-template <uint32_t NS>
+ * 1: a stage's first fill waits for nothing). ct: the O thread; PRE: its
+ * page-table entry was read ahead into page (mla9_fill_page). */
+template <uint32_t NS, bool PRE>
 static __device__ __forceinline__ void mla10_fill(unsigned char *p_b8, uint32_t s_b8,
                                                   uint32_t s_bar, uint32_t u,
                                                   const unsigned char *kvg, const int32_t *pt,
-                                                  int kt, int k1, const kva_mla_args &a, int ct) {
+                                                  int32_t page, int kt, int k1,
+                                                  const kva_mla_args &a, int ct) {
   const uint32_t sb = u % NS, use = u / NS;
   if (ct < KVA_MLA5_BN) kva_mbar_wait(s_bar + 8 * (NS + sb), (use & 1u) ^ 1u);
   /* rows past the chunk (its last block) as zero bytes, so O^T's
@@ -171,7 +227,7 @@ static __device__ __forceinline__ void mla10_fill(unsigned char *p_b8, uint32_t 
     for (int i = 0; i < KVA_MLA_D / 16; i++) row[i] = make_uint4(0u, 0u, 0u, 0u);
     kva_fence_proxy_async_smem();
   }
-  mla9_issue_f8(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, kt, k1, a, ct);
+  mla9_issue_f8_pt<PRE>(s_b8 + sb * KVA_MLA9_TILE8, s_bar + 8 * sb, kvg, pt, page, kt, k1, a, ct);
 }
 
 /* O^T's A fragments (V^T, f16) for key step st straight from the bytes:
@@ -276,8 +332,10 @@ static __device__ __forceinline__ void mla10_mma_rs(float *d, const uint32_t a[4
                                                     int acc) {
   if (NQ == 16)
     kva_wgmma_m64n16k16_rs_f16(d, a, db, acc);
-  else
+  else if (NQ == 32)
     kva_wgmma_m64n32k16_rs_f16(d, a, db, acc);
+  else
+    kva_wgmma_m64n64k16_rs_f16(d, a, db, acc);
 }
 
 /* A worker's chunk as a row tile of NQ rows sees it: false when the
@@ -314,7 +372,8 @@ struct mla10_ctx {
   unsigned char *p_q, *p_p, *p_b8;
   uint32_t s_q, s_p, s_b8;
   float *red, *cst, *sm, *sl, *mch, *rlb;
-  uint32_t s_bar, pfull, pempty, sfull, sempty, mready;
+  int *klim; /* NQ 64 */
+  uint32_t s_bar, pfull, pempty, sfull, sempty, mready, qfree;
   volatile int *flag;
   const unsigned char *kvg;
   float qk_mul;
@@ -334,14 +393,19 @@ template <int QT, int NQ, int SW>
 static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, const mla10_ctx &x,
                                                      const mla10_chunk &c, int s, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
-  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
+  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(NQ, SW), TILE8 = KVA_MLA9_TILE8;
+  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
   const int wq = x.wq, g = x.g, tq = x.tq, tw = x.tw;
   const int nblk = c.nblk, k0 = c.ch.k0, k1 = c.ch.k1, cached = c.cached, rows = c.rows;
   /* this warpgroup's barrier, and the S warpgroups' together */
   const int bar_own = s == 0 ? KVA_MLA10_BAR_S : KVA_MLA10_BAR_S1;
   const int bar_all = SW == 1 ? KVA_MLA10_BAR_S : KVA_MLA10_BAR_SS;
+  /* the running max in smem (mch, two slots by block parity) rather than
+   * registers: between two S warpgroups, and at NQ 64 (registers) */
+  constexpr bool MSH = SW == 2 || NQ == 64;
   if (nblk > 0) {
+    /* NQ 64: Q's smem was the last chunk's end's scratch (mla10_o_chunk) */
+    if (NQ == 64) kva_mbar_wait(x.qfree, (nc & 1u) ^ 1u);
     const unsigned char *qg = (const unsigned char *)a.q;
     for (int i = 128 * s + tw; i < NQ * (KVA_MLA_D / 8); i += 128 * SW) {
       const int row = i / (KVA_MLA_D / 8), cc = i - row * (KVA_MLA_D / 8);
@@ -358,9 +422,16 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
       mla10_q_permute<QT, NQ>(x.p_q, i % NQ, i / NQ);
     kva_fence_proxy_async_smem(); /* Q -> wgmma */
   }
-  mla_bar_sync(bar_all, 128 * SW); /* Q seen by every warp */
-  /* this thread's S^T columns: rows 8 jj + 2 tq + e; klim: the row's
-   * last key (the chunk's end, and its position when causal) */
+  /* klim: a row's last key (the chunk's end, and its position when
+   * causal); at NQ 64 in smem (registers), read on boundary blocks only */
+  constexpr bool KLS = NQ == 64;
+  if (KLS)
+    for (int n = tw; n < NQ; n += 128) {
+      const int pos = cached + (x.row0 + n) / a.hq;
+      x.klim[n] = a.causal && pos < k1 - 1 ? pos : k1 - 1;
+    }
+  mla_bar_sync(bar_all, 128 * SW); /* Q (and klim) seen by every warp */
+  /* this thread's S^T columns: rows 8 jj + 2 tq + e */
   int klim[NJ][2];
   float mr[NJ][2], lr[NJ][2];
 #pragma unroll
@@ -368,11 +439,17 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
 #pragma unroll
     for (int e = 0; e < 2; e++) {
       const int pos = cached + (x.row0 + 8 * jj + 2 * tq + e) / a.hq;
-      klim[jj][e] = a.causal && pos < k1 - 1 ? pos : k1 - 1;
+      klim[jj][e] = KLS ? 0 : a.causal && pos < k1 - 1 ? pos : k1 - 1;
       mr[jj][e] = -INFINITY;
       lr[jj][e] = 0.0f;
     }
   const uint64_t dq = mla_desc(x.s_q, 16, 1024);
+  /* this lane's P^T row for stmatrix: matrix i = lane / 8 of four, (jj =
+   * 2 q + i / 2, hf = i % 2), row r = lane % 8 (P^T row 8 jj + r; keys
+   * 16 wq + 8 hf .. + 7, 16-byte run (2 wq + hf) ^ r, swizzled) */
+  const int lane = tw & 31;
+  const uint32_t p_lane = (uint32_t)((8 * (lane >> 4) + (lane & 7)) * 128 +
+                                     (((2 * wq + ((lane >> 3) & 1)) ^ (lane & 7)) << 4));
   for (int j = 0; j < nblk; j++) {
     const uint32_t u = nb + (uint32_t)j, pb = u % NP;
     if (SW == 2 && (int)(u & 1u) != s) continue; /* the other S warpgroup's block */
@@ -382,7 +459,7 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
      * chain of 36 wgmmas on one accumulator waits on each. H100: two
      * sets 0.3-1.4% faster on 11 of FlashMLA's 12 fp8 rows of 16 and
      * 32 (the chain is not what bounds v10); three and four no better */
-    constexpr int SA = SW == 2 ? KVA_MLA10_SACC_S2 : KVA_MLA10_SACC;
+    constexpr int SA = SW == 2 ? KVA_MLA10_SACC_S2 : NQ == 64 ? KVA_MLA10_SACC64 : KVA_MLA10_SACC;
     float sacc[SA][4 * NJ];
 #pragma unroll
     for (int q = 0; q < SA; q++)
@@ -451,7 +528,8 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
       for (int jj = 0; jj < NJ; jj++)
 #pragma unroll
         for (int i = 0; i < 4; i++) { /* key 16 wq + g + 8 (i >> 1), row 8 jj + 2 tq + (i & 1) */
-          if (kt + 16 * wq + g + 8 * (i >> 1) > klim[jj][i & 1]) sacc[0][4 * jj + i] = -INFINITY;
+          const int kl = KLS ? x.klim[8 * jj + 2 * tq + (i & 1)] : klim[jj][i & 1];
+          if (kt + 16 * wq + g + 8 * (i >> 1) > kl) sacc[0][4 * jj + i] = -INFINITY;
         }
     float mx[NJ][2];
 #pragma unroll
@@ -485,18 +563,23 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
       for (int e = 0; e < 2; e++) {
         const int n = 8 * jj + 2 * tq + e;
         const float bm = fmaxf(fmaxf(rd[n], rd[NQ + n]), fmaxf(rd[2 * NQ + n], rd[3 * NQ + n]));
-        mp[jj][e] = SW == 1 ? mr[jj][e] : j > 0 ? x.mch[((u - 1u) & 1u) * NQ + n] : -INFINITY;
+        mp[jj][e] = !MSH ? mr[jj][e] : j > 0 ? x.mch[((u - 1u) & 1u) * NQ + n] : -INFINITY;
         mn[jj][e] = kva_online_max(mp[jj][e], bm);
-        if (SW == 2 && wq == 0 && g == 0) x.mch[(u & 1u) * NQ + n] = mn[jj][e];
+        if (MSH && wq == 0 && g == 0) x.mch[(u & 1u) * NQ + n] = mn[jj][e];
       }
     if (SW == 2) kva_mbar_arrive(x.mready + 8 * (u & 1u)); /* block u's max published */
     /* P^T's buffer: the O warpgroups' O^T of block u - NP is over */
     kva_mbar_wait(x.pempty + 8 * pb, ((u / NP) & 1u) ^ 1u);
     MLA10_CLK(t4);
     MLA10_ADD(4, t4, t3);
-    unsigned char *const pp = x.p_p + pb * PB;
+    /* P^T as f16 pairs of two rows (8 jj + 2 tq, + 1) of one key (16 wq + g
+     * + 8 hf): an mma fragment of the 8 x 8 matrix (jj, hf), which
+     * stmatrix .trans stores as the rows' 16-byte runs of eight keys (four
+     * matrices an instruction; KVA_MLA10_STSM=0: two-byte stores) */
+    uint32_t pr[NJ][2];
 #pragma unroll
-    for (int jj = 0; jj < NJ; jj++)
+    for (int jj = 0; jj < NJ; jj++) {
+      float pv[2][2]; /* [e][hf] */
 #pragma unroll
       for (int e = 0; e < 2; e++) {
         const int n = 8 * jj + 2 * tq + e;
@@ -505,18 +588,35 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
         /* the row sums' factor: against this warpgroup's own last max */
         const float cl = SW == 1 ? cf : kva_ex2(mr[jj][e] - mu);
         mr[jj][e] = mn[jj][e];
-        const float p0 = kva_ex2(sacc[0][4 * jj + e] - mu);     /* key 16 wq + g */
-        const float p1 = kva_ex2(sacc[0][4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
-        lr[jj][e] = lr[jj][e] * cl + p0 + p1;
-        const uint32_t pk = kva_pack_f16x2(p0, p1);
-#pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          const int key = 16 * wq + g + 8 * hf;
-          *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
-              (uint16_t)(hf ? pk >> 16 : pk & 0xffffu);
-        }
+        pv[e][0] = kva_ex2(sacc[0][4 * jj + e] - mu);     /* key 16 wq + g */
+        pv[e][1] = kva_ex2(sacc[0][4 * jj + 2 + e] - mu); /* key 16 wq + g + 8 */
+        lr[jj][e] = lr[jj][e] * cl + pv[e][0] + pv[e][1];
         if (wq == 0 && g == 0) x.cst[pb * NQ + n] = cf;
       }
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) pr[jj][hf] = kva_pack_f16x2(pv[0][hf], pv[1][hf]);
+    }
+    if (KVA_MLA10_STSM) {
+#pragma unroll
+      for (int q = 0; q < NJ / 2; q++) {
+        const uint32_t r4[4] = {pr[2 * q][0], pr[2 * q][1], pr[2 * q + 1][0], pr[2 * q + 1][1]};
+        kva_stmatrix_x4_trans(x.s_p + pb * PB + p_lane + q * 2048u, r4);
+      }
+    } else {
+      unsigned char *const pp = x.p_p + pb * PB;
+#pragma unroll
+      for (int jj = 0; jj < NJ; jj++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int n = 8 * jj + 2 * tq + e;
+#pragma unroll
+          for (int hf = 0; hf < 2; hf++) {
+            const int key = 16 * wq + g + 8 * hf;
+            *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
+                (uint16_t)(e ? pr[jj][hf] >> 16 : pr[jj][hf] & 0xffffu);
+          }
+        }
+    }
     kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
     kva_mbar_arrive(x.pfull + 8 * pb);
     MLA10_ADD(5, clock64(), t4);
@@ -541,7 +641,10 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
         for (int e = 0; e < 2; e++) {
           const int n = 8 * jj + 2 * tq + e;
           rl[wq * NQ + n] = lr[jj][e];
-          if (wq == 0) x.sm[n] = mr[jj][e];
+          if (wq == 0) /* wq 0, g 0 wrote mch (MSH) */
+            x.sm[n] = !MSH ? mr[jj][e]
+                      : nblk > 0 ? x.mch[((nb + (uint32_t)nblk - 1u) & 1u) * NQ + n]
+                                 : -INFINITY;
         }
     mla_bar_sync(KVA_MLA10_BAR_S, 128);
     if (tw < NQ) x.sl[tw] = rl[tw] + rl[NQ + tw] + rl[2 * NQ + tw] + rl[3 * NQ + tw];
@@ -581,8 +684,8 @@ template <int QT, int NQ, int SW>
 static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, const mla10_ctx &x,
                                                      const mla10_chunk &c, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
-  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
+  constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(NQ, SW), TILE8 = KVA_MLA9_TILE8;
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
   constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
   const int wq = x.wq, g = x.g, tq = x.tq;
   const int h = x.wg - SW, ct = x.tid - 128 * SW;
@@ -594,11 +697,16 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
     for (int i = 0; i < 4 * NJ; i++) ot[cc][i] = 0.0f;
 #pragma unroll 1
   for (int b = 0; b < NS && b < nblk; b++)
-    mla10_fill<NS>(x.p_b8, x.s_b8, x.s_bar, nb + (uint32_t)b, x.kvg, c.pt, k0 + b * BN, k1, a, ct);
+    mla10_fill<NS, false>(x.p_b8, x.s_b8, x.s_bar, nb + (uint32_t)b, x.kvg, c.pt, 0, k0 + b * BN,
+                          k1, a, ct);
   const uint64_t dp = mla_desc(x.s_p, 16, 1024);
   for (int j = 0; j < nblk; j++) {
     const uint32_t u = nb + (uint32_t)j, pb = u % NP, sb = u % NS;
     const int kt = k0 + j * BN;
+    /* the refill's page-table entry, read a block ahead of its use (its
+     * load's latency was the refill's ~740 cycles a block at 64 rows) */
+    const int32_t fpage =
+        KVA_MLA10_PTPRE && j + NS < nblk ? mla9_fill_page(c.pt, kt + NS * BN, k1, a, ct) : 0;
     MLA10_CLK(t0);
     kva_mbar_wait(x.s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
     MLA10_CLK(t1);
@@ -665,7 +773,8 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
     MLA10_ADD(9, t4, t3);
     kva_mbar_arrive(x.pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
     if (j + NS < nblk)
-      mla10_fill<NS>(x.p_b8, x.s_b8, x.s_bar, u + NS, x.kvg, c.pt, kt + NS * BN, k1, a, ct);
+      mla10_fill<NS, KVA_MLA10_PTPRE != 0>(x.p_b8, x.s_b8, x.s_bar, u + NS, x.kvg, c.pt, fpage,
+                                           kt + NS * BN, k1, a, ct);
     MLA10_ADD(10, clock64(), t4);
   }
   /* ---- the chunk's end ---- */
@@ -679,7 +788,13 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
   }
   kva_mbar_arrive(x.sempty);
   mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* both O^T's are over */
-  float *const orows = (float *)x.p_b8;           /* [NQ][OROW]: no fill is in flight */
+  /* O's rows [NQ][OROW] and the merge's scratch: the byte stages (no fill
+   * is in flight), at NQ 64 with Q's and P^T's smem before them (the S
+   * warpgroup waits for qfree before the next chunk's Q) */
+  unsigned char *const scr = NQ == 64 ? x.p_q : x.p_b8;
+  const size_t scr_bytes =
+      (size_t)NS * TILE8 + (NQ == 64 ? (size_t)KVA_MLA10_Q(NQ) + (size_t)NP * PB : 0);
+  float *const orows = (float *)scr;
 #pragma unroll
   for (int cc = 0; cc < 4; cc++)
 #pragma unroll
@@ -709,28 +824,35 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
   mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS); /* O's rows read: the stages are scratch */
   mla_finish_chunk<QT, false, KVA_MLA10_BAR_O>(a, o, lt, m2, r, c.ch.split, nsplit, known_last,
                                                c.nt, c.tok0, x.row0, c.rows, ct, h, wq, g, tq,
-                                               x.flag, (float *)x.p_b8, (size_t)NS * TILE8);
+                                               x.flag, (float *)scr, scr_bytes);
   /* the merge's scratch (generic writes) before the next bulk copies;
    * O's rows read before the next conversion */
   kva_fence_proxy_async_smem();
   mla_bar_sync(KVA_MLA10_BAR_O, KVA_MLA_THREADS);
+  if (NQ == 64) kva_mbar_arrive(x.qfree); /* Q's and P^T's smem free again */
 }
 
 template <int QT, int NQ, int SW>
 __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
     kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
-  constexpr int TILE8 = KVA_MLA9_TILE8, NS = KVA_MLA10_STAGES(SW);
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
+  constexpr int TILE8 = KVA_MLA9_TILE8, NS = KVA_MLA10_STAGES(NQ, SW);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
   constexpr int CT = KVA_F16; /* the tensor cores' type (fp8 latents) */
   /* misc smem: red [SW][2][4][NQ], cst [NP][NQ], sm, sl [NQ]; SW = 2: mch
-   * [2][NQ], rlb [2][4][NQ]; then the mbarriers and the flag */
-  constexpr int NF = 8 * NQ * SW + (NP + 2) * NQ + (SW == 2 ? 10 * NQ : 0);
-  constexpr int NBAR = 2 * NS + 2 * NP + 2 + (SW == 2 ? 2 : 0);
-  static_assert(NQ == 16 || NQ == 32, "N of the keys-as-M wgmmas");
+   * [2][NQ], rlb [2][4][NQ]; NQ = 64: mch, klim [NQ]; then the mbarriers
+   * and the flag */
+  constexpr int NF = 8 * NQ * SW + (NP + 2) * NQ + (SW == 2 ? 10 * NQ : NQ == 64 ? 3 * NQ : 0);
+  constexpr int NBAR = 2 * NS + 2 * NP + 2 + (SW == 2 ? 2 : 0) + (NQ == 64 ? 1 : 0);
+  static_assert(NQ == 16 || NQ == 32 || NQ == 64, "N of the keys-as-M wgmmas");
   static_assert(SW == 1 || SW == 2, "one or two S warpgroups");
+  static_assert(NQ != 64 || SW == 1, "64 rows: one S warpgroup");
   static_assert(KVA_MLA10_SMEM_SW(NQ, SW) <= 232448, "227 KB of smem per CTA");
-  static_assert(NQ * (KVA_MLA_DV + 4) * 4 <= NS * TILE8, "O's rows fit the byte stages");
-  static_assert(NF * 4 + 8 * NBAR + 8 <= KVA_MLA10_MISC(SW), "misc smem");
+  static_assert(NQ * (KVA_MLA_DV + 4) * 4 <=
+                    NS * TILE8 + (NQ == 64 ? KVA_MLA10_Q(NQ) + NP * PB : 0),
+                "O's rows fit the chunk end's scratch");
+  static_assert(NQ < 64 || NQ * KVA_MLA_MERGE_ROW * 4 <= NS * TILE8 + KVA_MLA10_Q(NQ) + NP * PB,
+                "the merge before the write fits the scratch");
+  static_assert(NF * 4 + 8 * NBAR + 8 <= KVA_MLA10_MISC(NQ, SW), "misc smem");
   extern __shared__ __align__(1024) unsigned char smem[];
   mla10_ctx x;
   const uint32_t s_raw = kva_smem_u32(smem);
@@ -746,6 +868,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
   x.sl = x.sm + NQ;
   x.mch = x.sl + NQ;
   x.rlb = x.mch + 2 * NQ;
+  x.klim = (int *)(x.mch + 2 * NQ); /* NQ 64 (SW 1: no rlb) */
   /* mbarriers: byte stage full 0..NS-1 (the O threads' fills), empty
    * NS..2NS-1 (read by an S warpgroup's S^T and the O warpgroups' O^T);
    * then pfull x NP, pempty x NP, stats full, stats empty; SW = 2: mready x 2 */
@@ -755,6 +878,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
   x.sfull = x.pempty + 8 * NP;
   x.sempty = x.sfull + 8;
   x.mready = x.sempty + 8;
+  x.qfree = x.sempty + 8 + (SW == 2 ? 16 : 0); /* NQ 64 */
   x.flag = (volatile int *)(x.p_b8 + NS * TILE8 + NF * 4 + 8 * NBAR);
 
   x.tid = threadIdx.x;
@@ -773,12 +897,13 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
     mla_prefetch_first<1>(a, wk, a.prefetch_keys);
   if (x.tid == 0) {
     /* empty: an S warpgroup's 128 and the O threads'; pfull, stats full
-     * and mready: one S warpgroup's; full, pempty and stats empty: the O
-     * threads' */
+     * and mready: one S warpgroup's; full, pempty, stats empty and qfree:
+     * the O threads' */
 #pragma unroll 1
     for (int i = 0; i < NBAR; i++) {
       const uint32_t b = x.s_bar + 8 * i;
-      const bool s128 = (b >= x.pfull && b < x.pempty) || b == x.sfull || b >= x.mready;
+      const bool s128 =
+          (b >= x.pfull && b < x.pempty) || b == x.sfull || (SW == 2 && b >= x.mready);
       kva_mbar_init(b, i >= NS && i < 2 * NS ? 128 + KVA_MLA_THREADS
                        : s128                ? 128
                                              : KVA_MLA_THREADS);
@@ -797,7 +922,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
 #endif
 
   uint32_t nb = 0, nc = 0; /* blocks and chunks so far: the barriers' phases */
-  if (SW == 1) {
+  if (SW == 1 && NQ != 64) {
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla10_chunk c;
       if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;
@@ -810,7 +935,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
     }
   } else if (x.wg < SW) {
     /* registers from the S warpgroups to the O warpgroups (a zero sum) */
-    kva_setmaxnreg_dec<KVA_MLA10_S2_SREGS>();
+    kva_setmaxnreg_dec<NQ == 64 ? KVA_MLA10_N64_SREGS : KVA_MLA10_S2_SREGS>();
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla10_chunk c;
       if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;
@@ -819,7 +944,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
       nc++;
     }
   } else {
-    kva_setmaxnreg_inc<KVA_MLA10_S2_OREGS>();
+    kva_setmaxnreg_inc<NQ == 64 ? KVA_MLA10_N64_OREGS : KVA_MLA10_S2_OREGS>();
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla10_chunk c;
       if (!mla10_chunk_at<NQ>(a, wk, wi, x.row0, &c)) continue;

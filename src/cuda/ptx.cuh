@@ -112,6 +112,15 @@ static __device__ __forceinline__ void kva_ldmatrix_x4_trans(uint32_t r[4], uint
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
 }
+/* Four 8x8 b16 matrices stored transposed (sm_90): lane t holds row t/4,
+ * elements 2(t%4), 2(t%4)+1 of matrix i in r[i] (an mma fragment); lanes
+ * 8i..8i+7 give the addresses (16-byte aligned) that take columns 0..7 of
+ * matrix i, eight elements each. */
+static __device__ __forceinline__ void kva_stmatrix_x4_trans(uint32_t addr, const uint32_t r[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 /* c += A (16x16, row) * B (16x8, col), f32 accumulate. */
 static __device__ __forceinline__ void kva_mma_f16(float c[4], const uint32_t a[4], uint32_t b0,
                                                    uint32_t b1) {

@@ -73,7 +73,7 @@ long emu_bank_conflicts, emu_ldsm_count;
 
 dim3 &emu_threadIdx() { return th[cur].idx; }
 
-enum { OP_LDM = 1, OP_LDMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW, OP_WG, OP_ANY,
+enum { OP_LDM = 1, OP_LDMT, OP_STMT, OP_MMA_F16, OP_MMA_BF16, OP_SHFL, OP_SHFLX, OP_SYNCW, OP_WG, OP_ANY,
        OP_WG_ISSUE, OP_WG_COMMIT, OP_WG_WAIT };
 struct Warp {
   int op, count;
@@ -145,6 +145,23 @@ static void compute(Warp &W) {
             memcpy(&hi, smem + rb, 2);
             W.out[t][i] = lo | ((uint32_t)hi << 16);
           }
+        }
+      break;
+    case OP_STMT: /* stmatrix .x4 .trans: address row r of matrix i takes column r */
+      for (int i = 0; i < 4; i++)
+        for (int r = 0; r < 8; r++) {
+          const int t = 8 * i + r;
+          const uint32_t a = W.in[t][0];
+          if (a & 15) { fprintf(stderr, "stmatrix row address %u not 16-byte aligned\n", a); abort(); }
+          check_smem(a, 16);
+          for (int c = 0; c < 8; c++) { /* element (c, r): lane 4c + r/2, half r%2 */
+            const uint32_t v = W.in[4 * c + r / 2][1 + i];
+            const uint16_t h = (uint16_t)(r % 2 ? v >> 16 : v & 0xffffu);
+            memcpy(smem + a + 2 * c, &h, 2);
+          }
+          /* a generic write: wgmma reads of it need the writer's fence.proxy.async */
+          chunk_stamp[a / 16] = emu_clock++;
+          chunk_writer[a / 16] = (cur & ~31) + t;
         }
       break;
     case OP_MMA_F16:
@@ -556,6 +573,12 @@ void kva_ldmatrix_x4_trans(uint32_t r[4], uint32_t a) {
   W.in[lane()][0] = a;
   collective(OP_LDMT);
   memcpy(r, W.out[lane()], 16);
+}
+void kva_stmatrix_x4_trans(uint32_t a, const uint32_t r[4]) {
+  Warp &W = warps[cur / 32];
+  W.in[lane()][0] = a;
+  memcpy(&W.in[lane()][1], r, 16);
+  collective(OP_STMT);
 }
 static void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1, int op) {
   Warp &W = warps[cur / 32];

@@ -24,7 +24,7 @@ static unsigned g_y;
  * 16-bit latents, fp8 cases stay on v2 there (as mla.cu dispatches); v9
  * runs fp8 latents too; v10 runs the fp8 cases only (16-bit ones on v2) */
 static int g_ver = 2, g_run_ver = 2;
-/* v10 (fp8 latents only; other cases run v2): rows a row tile, 16 or 32 */
+/* v10 (fp8 latents only; other cases run v2): rows a row tile, 16, 32 or 64 */
 static int g_nq10 = 16;
 template <int QT, int KV8>
 static void body() {
@@ -45,8 +45,10 @@ static void body() {
     kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
   else if (g_run_ver == 10 && g_nq10 == 16)
     kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>(g_args);
-  else if (g_run_ver == 10)
+  else if (g_run_ver == 10 && g_nq10 == 32)
     kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>(g_args);
+  else if (g_run_ver == 10)
+    kva_mla_kernel_v10<QT, 64, 1>(g_args);
   else
     kva_mla_kernel<QT, KV8>(g_args);
 }
@@ -73,10 +75,13 @@ static int run_case(const Case &c, int idx) {
   emu_split(sp, l, c.nnew, l.kvlen.data(), c.block, c.workers, c.hq, DV, packed);
   sp.hdr.max_q_len = *std::max_element(c.nnew.begin(), c.nnew.end());
 
-  /* kva_cuda_mla_row_tiles of mla.cu; v10's tiles of 16 or 32 rows (by the
-   * batch's rows, as mla.cu) */
+  /* kva_cuda_mla_row_tiles of mla.cu; v10's tiles of 16, 32 or 64 rows (by
+   * the batch's rows, as mla.cu; EMU_MLA10_NQ=32: tiles of 32 above 32 rows,
+   * as KVA_MLA10_NQ=32) */
   const int rows_cap = c.hq * std::min(c.max_q_cap, KVA_MAX_DECODE_Q);
-  g_nq10 = c.hq * sp.hdr.max_q_len <= 16 ? 16 : 32;
+  const int rows10 = c.hq * sp.hdr.max_q_len;
+  const bool tile32 = getenv("EMU_MLA10_NQ") && atoi(getenv("EMU_MLA10_NQ")) == 32;
+  g_nq10 = rows10 <= 16 ? 16 : rows10 <= 32 || tile32 ? 32 : 64;
   const int tiles = g_ver == 10 && c.kv8 ? (rows_cap + g_nq10 - 1) / g_nq10
                                          : (rows_cap + KVA_MLA_BM - 1) / KVA_MLA_BM;
   const float sm = c.sm_scale > 0 ? c.sm_scale : 1.f / sqrtf((float)D);

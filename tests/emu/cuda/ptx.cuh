@@ -27,6 +27,7 @@ void emu_cp_async_wait(int n);
 template <int N> static inline void kva_cp_async_wait(void) { emu_cp_async_wait(N); }
 void kva_ldmatrix_x4(uint32_t r[4], uint32_t a);
 void kva_ldmatrix_x4_trans(uint32_t r[4], uint32_t a);
+void kva_stmatrix_x4_trans(uint32_t a, const uint32_t r[4]);
 void kva_mma_f16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
 void kva_mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1);
 uint32_t kva_pack_f16x2(float lo, float hi);
