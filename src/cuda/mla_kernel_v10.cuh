@@ -169,16 +169,17 @@
   do {                \
   } while (0)
 #endif
-/* P^T written by stmatrix .trans (0: two-byte stores). H100, 2026-11-27,
- * 2 samples: 0 to 1.3% faster on 10 of FlashMLA's 12 fp8 rows of 16-32
- * rows, level (+-1%) at 64; 4 instructions instead of 4 NQ / 2 stores */
+/* P^T written by stmatrix .trans (0: two-byte stores): NQ / 32
+ * instructions a thread instead of NQ / 2 stores. H100, 2026-11-27, 2
+ * samples: 0.1-1.0% faster on 10 of FlashMLA's 12 fp8 rows of 16-32 rows,
+ * -0.7 to +1.2% at 64 */
 #ifndef KVA_MLA10_STSM
 #define KVA_MLA10_STSM 1
 #endif
 /* the O warpgroups read a refill's page-table entry a block ahead (its
  * load sat in the O warpgroups' refill phase, ~740 cycles a block at 64
- * rows). H100, 2026-11-27, 3 calls: the uniform fp8 rows of 16-32 rows
- * 0.9-2.6% faster, their varlen rows and the 64-row rows level */
+ * rows). H100, 2026-11-27, 2 calls: the uniform fp8 rows of 16-32 rows
+ * 0.9-2.4% faster, their varlen rows 0-1.6% slower, 64 rows level */
 #ifndef KVA_MLA10_PTPRE
 #define KVA_MLA10_PTPRE 1
 #endif
