@@ -121,9 +121,14 @@ static __device__ __forceinline__ uint32_t mla_e4m3x2(uint32_t x) {
                        : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
 }
 
-/* Eight e4m3 (the bytes of x, then of y) -> eight QT values (16 bytes). */
+/* Eight e4m3 (the bytes of x, then of y) -> eight QT values (16 bytes);
+ * f16 takes the high halves by the conversion's operand (no shift), as
+ * v10 does */
 template <int QT>
 static __device__ __forceinline__ uint4 mla_e4m3x8(uint32_t x, uint32_t y) {
+  if (QT == KVA_F16)
+    return make_uint4(kva_cvt_e4m3x2_f16x2_lo(x), kva_cvt_e4m3x2_f16x2_hi(x),
+                      kva_cvt_e4m3x2_f16x2_lo(y), kva_cvt_e4m3x2_f16x2_hi(y));
   return make_uint4(mla_e4m3x2<QT>(x), mla_e4m3x2<QT>(x >> 16), mla_e4m3x2<QT>(y),
                     mla_e4m3x2<QT>(y >> 16));
 }
