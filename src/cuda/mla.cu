@@ -67,12 +67,15 @@ template <int QT>
 static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, unsigned gy,
                                  cudaStream_t s) {
   static int optin[3][KVA_CUDA_OPTIN_DEVICES];
-  void (*fn)(kva_mla_args) = nq == 16   ? kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>
-                             : nq == 32 ? kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>
-                                        : kva_mla_kernel_v10<QT, 64, 1>;
-  const int smem = nq == 16 ? KVA_MLA10_SMEM(16) : nq == 32 ? KVA_MLA10_SMEM(32) : KVA_MLA10_SMEM(64);
+  void (*const fns[3])(kva_mla_args) = {kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>,
+                                         kva_mla_kernel_v10<QT, 32, KVA_MLA10_SWG32>,
+                                         kva_mla_kernel_v10<QT, 64, 1>};
+  static const int smems[3] = {KVA_MLA10_SMEM(16), KVA_MLA10_SMEM(32), KVA_MLA10_SMEM(64)};
+  const int k = nq == 16 ? 0 : nq == 32 ? 1 : 2;
+  void (*fn)(kva_mla_args) = fns[k];
+  const int smem = smems[k];
   const int threads = KVA_MLA10_THREADS(KVA_MLA10_SWG(nq));
-  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[nq == 16 ? 0 : nq == 32 ? 1 : 2]));
+  KVA_CUDA_TRY(kva_cuda_smem_optin((const void *)fn, smem, optin[k]));
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3(threads), (size_t)smem, s,
                                       *a, 1u));
   KVA_CUDA_LAUNCH_CHECK("kva_mla_kernel_v10");

@@ -108,13 +108,11 @@ extern "C" {
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)
 #define KVA_MLA10_MISC(nq, sw) ((nq) == 64 ? 5120 : (sw) == 2 ? 4096 : 2048)
-/* P^T buffers (four measured 1-3% slower with two S warpgroups) */
-#ifndef KVA_MLA10_PBUF64
-#define KVA_MLA10_PBUF64 2
-#endif
-#define KVA_MLA10_PBUF(nq) ((nq) == 64 ? KVA_MLA10_PBUF64 : 2)
+/* P^T buffers (four measured 1-3% slower with two S warpgroups; three
+ * and four no faster at 64 rows) */
+#define KVA_MLA10_PBUF 2
 #define KVA_MLA10_SMEM_SW(nq, sw)                                                 \
-  (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF(nq) * KVA_MLA10_P(nq) +                \
+  (1024 + KVA_MLA10_Q(nq) + KVA_MLA10_PBUF * KVA_MLA10_P(nq) +                    \
    KVA_MLA10_STAGES(nq, sw) * KVA_MLA9_TILE8 +                                    \
    KVA_MLA10_MISC(nq, sw)) /* SW 1: 209920 (16), 232448 (32), 206848 (64); SW 2: 175104, 197632 */
 #define KVA_MLA10_SMEM(nq) KVA_MLA10_SMEM_SW(nq, KVA_MLA10_SWG(nq))

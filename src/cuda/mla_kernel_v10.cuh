@@ -169,20 +169,6 @@
   do {                \
   } while (0)
 #endif
-/* P^T written by stmatrix .trans (0: two-byte stores): NQ / 32
- * instructions a thread instead of NQ / 2 stores. H100, 2026-11-27, 2
- * samples: 0.1-1.0% faster on 10 of FlashMLA's 12 fp8 rows of 16-32 rows,
- * -0.7 to +1.2% at 64 */
-#ifndef KVA_MLA10_STSM
-#define KVA_MLA10_STSM 1
-#endif
-/* the O warpgroups read a refill's page-table entry a block ahead (its
- * load sat in the O warpgroups' refill phase, ~740 cycles a block at 64
- * rows). H100, 2026-11-27, 2 calls: the uniform fp8 rows of 16-32 rows
- * 0.9-2.4% faster, their varlen rows 0-1.6% slower, 64 rows level */
-#ifndef KVA_MLA10_PTPRE
-#define KVA_MLA10_PTPRE 1
-#endif
 #define KVA_MLA10_BAR_S 1  /* S warpgroup 0 */
 #define KVA_MLA10_BAR_O 2  /* the O warpgroups (3 and 4: mla_finish_chunk's) */
 #define KVA_MLA10_BAR_S1 5 /* S warpgroup 1 (SW = 2) */
@@ -395,7 +381,7 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
                                                      const mla10_chunk &c, int s, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
   constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(NQ, SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
+  constexpr int QB = NQ * 128, PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   const int wq = x.wq, g = x.g, tq = x.tq, tw = x.tw;
   const int nblk = c.nblk, k0 = c.ch.k0, k1 = c.ch.k1, cached = c.cached, rows = c.rows;
   /* this warpgroup's barrier, and the S warpgroups' together */
@@ -575,8 +561,10 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
     MLA10_ADD(4, t4, t3);
     /* P^T as f16 pairs of two rows (8 jj + 2 tq, + 1) of one key (16 wq + g
      * + 8 hf): an mma fragment of the 8 x 8 matrix (jj, hf), which
-     * stmatrix .trans stores as the rows' 16-byte runs of eight keys (four
-     * matrices an instruction; KVA_MLA10_STSM=0: two-byte stores) */
+     * stmatrix .trans stores as the rows' 16-byte runs of eight keys, four
+     * matrices an instruction (NQ / 32 a thread; NQ / 2 two-byte stores
+     * before. H100, 2026-11-27, 2 samples: 0.1-1.0% faster on 10 of
+     * FlashMLA's 12 fp8 rows of 16-32 rows, -0.7 to +1.2% at 64) */
     uint32_t pr[NJ][2];
 #pragma unroll
     for (int jj = 0; jj < NJ; jj++) {
@@ -597,26 +585,10 @@ static __device__ __forceinline__ void mla10_s_chunk(const kva_mla_args &a, cons
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) pr[jj][hf] = kva_pack_f16x2(pv[0][hf], pv[1][hf]);
     }
-    if (KVA_MLA10_STSM) {
 #pragma unroll
-      for (int q = 0; q < NJ / 2; q++) {
-        const uint32_t r4[4] = {pr[2 * q][0], pr[2 * q][1], pr[2 * q + 1][0], pr[2 * q + 1][1]};
-        kva_stmatrix_x4_trans(x.s_p + pb * PB + p_lane + q * 2048u, r4);
-      }
-    } else {
-      unsigned char *const pp = x.p_p + pb * PB;
-#pragma unroll
-      for (int jj = 0; jj < NJ; jj++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int n = 8 * jj + 2 * tq + e;
-#pragma unroll
-          for (int hf = 0; hf < 2; hf++) {
-            const int key = 16 * wq + g + 8 * hf;
-            *(uint16_t *)(pp + n * 128 + (((key >> 3) ^ (n & 7)) << 4) + (key & 7) * 2) =
-                (uint16_t)(e ? pr[jj][hf] >> 16 : pr[jj][hf] & 0xffffu);
-          }
-        }
+    for (int q = 0; q < NJ / 2; q++) {
+      const uint32_t r4[4] = {pr[2 * q][0], pr[2 * q][1], pr[2 * q + 1][0], pr[2 * q + 1][1]};
+      kva_stmatrix_x4_trans(x.s_p + pb * PB + p_lane + q * 2048u, r4);
     }
     kva_fence_proxy_async_smem(); /* P^T -> the O warpgroups' wgmma */
     kva_mbar_arrive(x.pfull + 8 * pb);
@@ -686,7 +658,7 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
                                                      const mla10_chunk &c, uint32_t nb,
                                                      uint32_t nc MLA10_PH_PARAM) {
   constexpr int NJ = NQ / 8, BN = KVA_MLA5_BN, NS = KVA_MLA10_STAGES(NQ, SW), TILE8 = KVA_MLA9_TILE8;
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   constexpr int OROW = KVA_MLA_DV + 4; /* O's rows over the byte stages at a chunk's end */
   const int wq = x.wq, g = x.g, tq = x.tq;
   const int h = x.wg - SW, ct = x.tid - 128 * SW;
@@ -705,9 +677,10 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
     const uint32_t u = nb + (uint32_t)j, pb = u % NP, sb = u % NS;
     const int kt = k0 + j * BN;
     /* the refill's page-table entry, read a block ahead of its use (its
-     * load's latency was the refill's ~740 cycles a block at 64 rows) */
-    const int32_t fpage =
-        KVA_MLA10_PTPRE && j + NS < nblk ? mla9_fill_page(c.pt, kt + NS * BN, k1, a, ct) : 0;
+     * load sat in the refill, ~740 cycles a block at 64 rows. H100,
+     * 2026-11-27, 2 calls: the uniform fp8 rows of 16-32 rows 0.9-2.4%
+     * faster, their varlen rows 0-1.6% slower, 64 rows level) */
+    const int32_t fpage = j + NS < nblk ? mla9_fill_page(c.pt, kt + NS * BN, k1, a, ct) : 0;
     MLA10_CLK(t0);
     kva_mbar_wait(x.s_bar + 8 * sb, (u / NS) & 1u); /* the block's bytes */
     MLA10_CLK(t1);
@@ -774,8 +747,8 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
     MLA10_ADD(9, t4, t3);
     kva_mbar_arrive(x.pempty + 8 * pb); /* P^T read (every warp's arrival after its wait) */
     if (j + NS < nblk)
-      mla10_fill<NS, KVA_MLA10_PTPRE != 0>(x.p_b8, x.s_b8, x.s_bar, u + NS, x.kvg, c.pt, fpage,
-                                           kt + NS * BN, k1, a, ct);
+      mla10_fill<NS, true>(x.p_b8, x.s_b8, x.s_bar, u + NS, x.kvg, c.pt, fpage, kt + NS * BN, k1,
+                           a, ct);
     MLA10_ADD(10, clock64(), t4);
   }
   /* ---- the chunk's end ---- */
@@ -837,7 +810,7 @@ template <int QT, int NQ, int SW>
 __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
     kva_mla_kernel_v10(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE8 = KVA_MLA9_TILE8, NS = KVA_MLA10_STAGES(NQ, SW);
-  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF(NQ);
+  constexpr int PB = KVA_MLA10_P(NQ), NP = KVA_MLA10_PBUF;
   constexpr int CT = KVA_F16; /* the tensor cores' type (fp8 latents) */
   /* misc smem: red [SW][2][4][NQ], cst [NP][NQ], sm, sl [NQ]; SW = 2: mch
    * [2][NQ], rlb [2][4][NQ]; NQ = 64: mch, klim [NQ]; then the mbarriers
