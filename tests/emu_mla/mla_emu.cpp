@@ -223,6 +223,10 @@ int main(int argc, char **argv) {
   cases.push_back({KVA_BF16, 1, 64, 128, 1, 3, 64, 2, 0.f, {300, 77}, {2, 1}});
   cases.push_back({KVA_BF16, 1, 16, 32, 1, 2, 32, 2, 0.6f, {400}, {2}});
   cases.push_back({KVA_F16, 0, 64, 128, 1, 2, 64, 2, 0.7f, {400, 90}, {2, 1}});
+  /* a worker of two whole requests of 11 and 7 64-key blocks: v9's second
+   * chunk starts from blocks refilled in the first's loop and refills its
+   * own from the record of it (TMA blocks when kv_tma) */
+  cases.push_back({KVA_BF16, 0, 64, 128, 1, 1, 64, 1, 0.f, {700, 400}, {1, 1}});
   if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
     int kl = 129, w = 1; float sc = 0.f;
     sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
