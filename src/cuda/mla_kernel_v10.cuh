@@ -144,6 +144,10 @@
 #ifndef KVA_MLA10_SACC64
 #define KVA_MLA10_SACC64 1
 #endif
+/* Bytes of a chunk end's scratch (O's rows, the merge's): the NS byte
+ * stages, at NQ 64 with Q's and P^T's smem before them */
+#define KVA_MLA10_END_SCRATCH(nq, ns) \
+  ((ns) * KVA_MLA9_TILE8 + ((nq) == 64 ? KVA_MLA10_Q(nq) + KVA_MLA10_PBUF * KVA_MLA10_P(nq) : 0))
 /* -DKVA_MLA10_PHASES (diagnostics; with KVA_DEC_TRACE=FILE kvattn bench,
  * read by scripts/mla10_phases.py): each CTA's cycles per phase summed
  * over its blocks, in its trace record. S warpgroup 0 (thread 0; with two
@@ -766,8 +770,7 @@ static __device__ __forceinline__ void mla10_o_chunk(const kva_mla_args &a, cons
    * is in flight), at NQ 64 with Q's and P^T's smem before them (the S
    * warpgroup waits for qfree before the next chunk's Q) */
   unsigned char *const scr = NQ == 64 ? x.p_q : x.p_b8;
-  const size_t scr_bytes =
-      (size_t)NS * TILE8 + (NQ == 64 ? (size_t)KVA_MLA10_Q(NQ) + (size_t)NP * PB : 0);
+  const size_t scr_bytes = (size_t)KVA_MLA10_END_SCRATCH(NQ, NS);
   float *const orows = (float *)scr;
 #pragma unroll
   for (int cc = 0; cc < 4; cc++)
@@ -821,10 +824,9 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
   static_assert(SW == 1 || SW == 2, "one or two S warpgroups");
   static_assert(NQ != 64 || SW == 1, "64 rows: one S warpgroup");
   static_assert(KVA_MLA10_SMEM_SW(NQ, SW) <= 232448, "227 KB of smem per CTA");
-  static_assert(NQ * (KVA_MLA_DV + 4) * 4 <=
-                    NS * TILE8 + (NQ == 64 ? KVA_MLA10_Q(NQ) + NP * PB : 0),
+  static_assert(NQ * (KVA_MLA_DV + 4) * 4 <= KVA_MLA10_END_SCRATCH(NQ, NS),
                 "O's rows fit the chunk end's scratch");
-  static_assert(NQ < 64 || NQ * KVA_MLA_MERGE_ROW * 4 <= NS * TILE8 + KVA_MLA10_Q(NQ) + NP * PB,
+  static_assert(NQ < 64 || NQ * KVA_MLA_MERGE_ROW * 4 <= KVA_MLA10_END_SCRATCH(NQ, NS),
                 "the merge before the write fits the scratch");
   static_assert(NF * 4 + 8 * NBAR + 8 <= KVA_MLA10_MISC(NQ, SW), "misc smem");
   extern __shared__ __align__(1024) unsigned char smem[];
