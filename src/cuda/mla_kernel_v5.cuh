@@ -123,26 +123,37 @@ static __device__ __forceinline__ void mla5_rows(int slot[4], const int32_t *pt,
   for (int p = 0; p < 4; p++) slot[p] = mla_slot(pt, kt + (tw >> 3) + 16 * p, k1, a);
 }
 
+/* One column block k (a compile-time constant where called) of the
+ * 64-key block at slot by TMA; the barrier's 128 arrivals from thread 0
+ * (127 threads arriving on one word serialize). */
+static __device__ __forceinline__ void mla5_tma_col(uint32_t dst, uint32_t bar0, int slot, int k,
+                                                    const kva_mla_args &a) {
+  kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
+  kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
+  kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot, bar0 + 8 * k);
+}
+
 /* The TMA half of mla5_copy: the 64-key block whose first row is at slot
  * (a whole block of one page, before the chunk's end) into the stage at
  * dst. TMA 1: one box per column block, TMA 4: one per four V column
- * blocks and one for the rope columns; the barriers' 128 arrivals from
- * thread 0 (127 threads arriving on one word serialize). */
+ * blocks and one for the rope columns. Each warpgroup's column blocks are
+ * written out as constants: a k chosen by wg at run time made every box's
+ * offsets loop invariants, which ptxas spilled and the issue then waited
+ * for, box by box (ncu, thirty-eighth session). */
 template <int TMA>
 static __device__ __forceinline__ void mla5_copy_tma(uint32_t dst, uint32_t bar0, int slot, int wg,
                                                      int tw, const kva_mla_args &a) {
+  if (tw != 0) return;
   if (TMA != 4) {
+    if (wg) {
 #pragma unroll
-    for (int i = 0; i < 5; i++) {
-      if (wg && i == 4) break;
-      const int k = wg ? 4 + i : (i < 4 ? i : 8);
-      if (tw == 0) {
-        kva_mbar_arrive_expect_tx(bar0 + 8 * k, (uint32_t)KVA_MLA5_KBLK);
-        kva_mbar_arrive_cnt(bar0 + 8 * k, KVA_MLA_THREADS / 2 - 1);
-        kva_tma_load_3d(dst + k * KVA_MLA5_KBLK, &a.kv_map, 64 * k, 0, slot, bar0 + 8 * k);
-      }
+      for (int k = 4; k < 8; k++) mla5_tma_col(dst, bar0, slot, k, a);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; k++) mla5_tma_col(dst, bar0, slot, k, a);
+      mla5_tma_col(dst, bar0, slot, 8, a);
     }
-  } else if (tw == 0) {
+  } else {
     /* V column blocks k4 .. k4 + 3 in one box of kv_map4, on k4's
      * barrier; the other three barriers complete at once, which is safe
      * because every S waits for column block k4 before it reads k4 + 1 ..
@@ -159,6 +170,18 @@ static __device__ __forceinline__ void mla5_copy_tma(uint32_t dst, uint32_t bar0
       kva_tma_load_3d(dst + 8 * KVA_MLA5_KBLK, &a.kv_map, 64 * 8, 0, slot, bar0 + 8 * 8);
     }
   }
+}
+
+/* Column block k of this thread's 4 rows by cp.async (d: the stage plus
+ * this thread's offset in a column block), then its noinc arrival. */
+static __device__ __forceinline__ void mla5_cp_col(uint32_t d, uint32_t bar0,
+                                                   const unsigned char *const src[4],
+                                                   const int bytes[4], int k) {
+  static_assert(KVA_MLA5_KBLK == KVA_MLA5_BN * 128, "a column block is 64 rows of 128 bytes");
+#pragma unroll
+  for (int p = 0; p < 4; p++)
+    kva_cp_async_16(d + k * KVA_MLA5_KBLK + p * 16 * 128, src[p] + k * 128, bytes[p]);
+  kva_cp_async_mbar_arrive_noinc(bar0 + 8 * k);
 }
 
 /* This warpgroup's column blocks (wg 0: 0..3 and 8; wg 1: 4..7) of the
@@ -181,15 +204,17 @@ static __device__ __forceinline__ void mla5_copy(uint32_t dst, uint32_t bar0,
     src[p] = kv + (slot[p] >= 0 ? (int64_t)slot[p] * KVA_MLA_D * 2 : 0) + (tw & 7) * 16;
     bytes[p] = slot[p] >= 0 ? 16 : 0;
   }
+  /* as the TMA half, the column blocks as constants; row tw / 8 + 16 p,
+   * 16-byte column tw % 8 of block k is at mla_sw(tw / 8, tw % 8) + 8 KB k
+   * + 2 KB p (16 p keeps the row's swizzle phase) */
+  const uint32_t d = dst + mla_sw<KVA_MLA5_BN>(tw >> 3, tw & 7);
+  if (wg) {
 #pragma unroll
-  for (int i = 0; i < 5; i++) {
-    if (wg && i == 4) break;
-    const int k = wg ? 4 + i : (i < 4 ? i : 8);
+    for (int k = 4; k < 8; k++) mla5_cp_col(d, bar0, src, bytes, k);
+  } else {
 #pragma unroll
-    for (int p = 0; p < 4; p++)
-      kva_cp_async_16(dst + mla_sw<KVA_MLA5_BN>((tw >> 3) + 16 * p, (tw & 7) + 8 * k),
-                      src[p] + k * 128, bytes[p]);
-    kva_cp_async_mbar_arrive_noinc(bar0 + 8 * k);
+    for (int k = 0; k < 4; k++) mla5_cp_col(d, bar0, src, bytes, k);
+    mla5_cp_col(d, bar0, src, bytes, 8);
   }
 }
 
