@@ -13,6 +13,7 @@
  * at once, or from one SM (one pair) alone.
  *   (built with the CUDA configuration: build-cuda/l2_ingress) */
 #include <cuda.h>
+#include <string.h>
 
 #include "cuda/ptx.cuh"
 #include "cuda/tma.h"
@@ -28,7 +29,7 @@
  * 64 x 64 x 9 box (map9: the column blocks as a third dimension); 3 CTA
  * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both */
 __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long nblocks, int iters,
-                                                 int depth, int pair, int boxes,
+                                                 int depth, int pair, int boxes, int delay,
                                                  const __grid_constant__ CUtensorMap map,
                                                  const __grid_constant__ CUtensorMap map9,
                                                  unsigned long long *cycles) {
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
   const uint32_t s0 = (kva_smem_u32(smem) + 1023u) & ~1023u;
   const uint32_t bars = s0 + STAGES * BLOCK_BYTES;
   const int lane = threadIdx.x;
-  const long stream = pair ? blockIdx.x / 2 : blockIdx.x;
+  const long stream = pair == 1 ? blockIdx.x / 2 : blockIdx.x;
   if (lane == 0)
     for (int s = 0; s < STAGES; s++) kva_mbar_init(bars + 8 * s, 1);
   __syncwarp();
@@ -51,10 +52,15 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
       const int s = (j - depth) % depth;
       kva_mbar_wait(bars + 8 * s, (uint32_t)(((j - depth) / depth) & 1));
       if (boxes == 3) kva_cluster_sync(); /* ... in both CTAs, before either refills it */
+      /* pace mode: the block's "compute" before its stage is refilled */
+      for (const long long w0 = clock64(); clock64() - w0 < delay;) {
+      }
     }
     if (j < iters && lane == 0) {
       const int s = j % depth;
-      const long b = (stream * 977 + (long)j * 131) % nblocks;
+      /* pair 2: the stream's blocks in a row (one request's pages in order) */
+      const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
+                               : (stream * 977 + (long)j * 131) % nblocks;
       kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
       if (boxes == 1) /* v5's nine 64 x 64 boxes, rows b*64.. of the [rows][576] view */
         for (int k = 0; k < 9; k++)
@@ -76,7 +82,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
 }
 
 static void launch(const unsigned char *buf, long nblocks, int sms, int iters, int depth, int pair,
-                   int boxes, const CUtensorMap *map, const CUtensorMap *map9, size_t smem,
+                   int boxes, int delay, const CUtensorMap *map, const CUtensorMap *map9, size_t smem,
                    unsigned long long *dc) {
   cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[1];
@@ -91,22 +97,23 @@ static void launch(const unsigned char *buf, long nblocks, int sms, int iters, i
     cfg.attrs = at;
     cfg.numAttrs = 1;
   }
-  CHECK(cudaLaunchKernelEx(&cfg, ingress, buf, nblocks, iters, depth, pair, boxes, *map, *map9,
-                           dc));
+  CHECK(cudaLaunchKernelEx(&cfg, ingress, buf, nblocks, iters, depth, pair, boxes, delay, *map,
+                           *map9, dc));
   CHECK(cudaGetLastError());
 }
 
 static void run(const unsigned char *buf, long nblocks, int sms, int depth, int pair, int boxes,
-                const CUtensorMap *map, const CUtensorMap *map9, const char *what) {
+                int delay, const CUtensorMap *map, const CUtensorMap *map9, const char *what) {
   const int iters = 400;
   unsigned long long *dc;
   CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * sms));
   const size_t smem = 1024 + STAGES * BLOCK_BYTES + 64;
   CHECK(cudaFuncSetAttribute(ingress, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-  launch(buf, nblocks, sms, iters / 4, depth, pair, boxes, map, map9, smem, dc); /* warm-up (L2) */
+  launch(buf, nblocks, sms, iters / 4, depth, pair, boxes, delay, map, map9, smem,
+         dc); /* warm-up (L2) */
   probe_timer tm;
   probe_timer_start(&tm);
-  launch(buf, nblocks, sms, iters, depth, pair, boxes, map, map9, smem, dc);
+  launch(buf, nblocks, sms, iters, depth, pair, boxes, delay, map, map9, smem, dc);
   const float ms = probe_timer_stop_ms(&tm);
   unsigned long long *hc = (unsigned long long *)malloc(sizeof(unsigned long long) * sms);
   CHECK(cudaMemcpy(hc, dc, sizeof(unsigned long long) * sms, cudaMemcpyDeviceToHost));
@@ -124,7 +131,7 @@ static void run(const unsigned char *buf, long nblocks, int sms, int depth, int 
   CHECK(cudaFree(dc));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
   int dev = 0, sms = 0;
   CHECK(cudaGetDevice(&dev));
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -148,29 +155,47 @@ int main(void) {
   if (!have9) printf("the 64 x 64 x 9 box map did not encode: mode 2 skipped\n");
   static const char *how[4] = {"1 bulk", "9 boxes", "1 box of 9", "pairs multicast"};
   char what[96];
+  if (argc > 1 && strcmp(argv[1], "pace") == 0) {
+    /* Each CTA spends `delay` cycles on a landed block before refilling its
+     * stage (a kernel's compute between a stage's landing and its release),
+     * on 66 .. all SMs: does the DRAM's delivery fall as more SMs stream? */
+    static const int counts[4] = {66, 100, 116, 0};
+    for (int boxes = 0; boxes <= 1; boxes++)
+      for (int order = 0; order <= 2; order += 2)
+        for (int depth = 2; depth <= STAGES; depth++)
+          for (int delay = 0; delay <= 4500; delay += 1500)
+            for (int c = 0; c < 4; c++) {
+              const int n = counts[c] ? counts[c] : sms;
+              snprintf(what, sizeof what, "pace %s %s delay %4d CTAs %3d", how[boxes],
+                       order ? "in-order" : "scattered", delay, n);
+              run(buf, big, n, depth, order, boxes, delay, &map, &map9, what);
+            }
+    CHECK(cudaFree(buf));
+    return 0;
+  }
   for (int boxes = 0; boxes <= 3; boxes++) {
     if (boxes == 2 && !have9) continue;
     const int pairs_only = boxes == 3;
     for (int depth = 2; depth <= STAGES; depth++) {
       if (!pairs_only) {
         snprintf(what, sizeof what, "L2 (16 MB), own blocks, %s", how[boxes]);
-        run(buf, small, sms, depth, 0, boxes, &map, &map9, what);
+        run(buf, small, sms, depth, 0, boxes, 0, &map, &map9, what);
       }
       snprintf(what, sizeof what, "L2 (16 MB), CTA pairs share, %s", how[boxes]);
-      run(buf, small, sms, depth, 1, boxes, &map, &map9, what);
+      run(buf, small, sms, depth, 1, boxes, 0, &map, &map9, what);
       if (!pairs_only) {
         snprintf(what, sizeof what, "DRAM (2 GB), own blocks, %s", how[boxes]);
-        run(buf, big, sms, depth, 0, boxes, &map, &map9, what);
+        run(buf, big, sms, depth, 0, boxes, 0, &map, &map9, what);
       }
       snprintf(what, sizeof what, "DRAM (2 GB), CTA pairs share, %s", how[boxes]);
-      run(buf, big, sms, depth, 1, boxes, &map, &map9, what);
+      run(buf, big, sms, depth, 1, boxes, 0, &map, &map9, what);
     }
     snprintf(what, sizeof what, "L2 (16 MB), %s alone, %s", pairs_only ? "one pair" : "one SM",
              how[boxes]);
-    run(buf, small, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, &map, &map9, what);
+    run(buf, small, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, 0, &map, &map9, what);
     snprintf(what, sizeof what, "DRAM (2 GB), %s alone, %s", pairs_only ? "one pair" : "one SM",
              how[boxes]);
-    run(buf, big, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, &map, &map9, what);
+    run(buf, big, pairs_only ? 2 : 1, STAGES, pairs_only, boxes, 0, &map, &map9, what);
   }
   CHECK(cudaFree(buf));
   return 0;

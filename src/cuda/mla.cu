@@ -15,9 +15,11 @@
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
- * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). Launch shapes come from plan capacities only
- * (max_q_tokens, num_workers), never from the batch, so the same launch
- * replays under CUDA graphs (the kernel choice is the captured batch's). */
+ * tile pair on one GPC; KVA_MLA_COLOC=1 turns it off). A captured launch's
+ * shape comes from plan capacities only (max_q_tokens, num_workers), never
+ * from the batch, so the same launch replays under CUDA graphs (the kernel
+ * choice is the captured batch's); an eager launch's grid.y is the batch's
+ * row tiles (mla_grid_tiles). */
 #include <string.h>
 
 #include <stdlib.h>
@@ -173,16 +175,41 @@ static int mla_tma_enabled(void) {
 
 /* v5's placement: row tiles 2y and 2y+1 of a worker (the same keys) are
  * launched as a cluster of 2, so the pair runs on one GPC (the kernel has
- * no cluster code). H100, 2026-11-25, against the same binary without:
+ * no cluster code); only when the batch's row tiles are even, so that no
+ * working tile is paired with a tile past the batch's rows. Such a tile's
+ * CTA exits at once, but the cluster still needs two free SMs together:
+ * with a CTA on every SM, the last working tiles waited for a whole CTA
+ * to end (v9 at 64 rows in the capacity's grid of 8 tiles, one request of
+ * 8192 keys on each of 132 workers: 12 CTAs started at ~340 us, the step
+ * took 0.554 ms against 0.428 without clusters; H100, 2026-11-28,
+ * docs/performance.md, "Thirty-ninth session"). H100, 2026-11-25, against the same binary without:
  * median +2% on FlashMLA's 12 compute-bound rows in bursts (11 of 12
  * gained), +4 to +9% under sustained load (docs/performance.md,
  * "Fifteenth session").
  * ncu had v5 at 99% of the L2's throughput, each latent block going to
  * every row tile of its request. KVA_MLA_COLOC=1 turns it off (A/B). */
-static int mla_coloc(int tiles) {
+static int mla_coloc(int batch_tiles) {
   static mla_env_switch sw;
   const int c = mla_env_int(&sw, "KVA_MLA_COLOC", 2);
-  return c == 2 && tiles % 2 == 0 ? 2 : 1;
+  return c == 2 && batch_tiles % 2 == 0 ? 2 : 1;
+}
+
+/* grid.y of an eager launch: the batch's row tiles (rows_tiles), not the
+ * capacity's (cap_tiles). Each capacity tile past the batch's is a row of
+ * CTAs that only exit, but every one of them still takes a whole SM (230
+ * KB of smem) in its turn: at FlashMLA's b=128 rows (max_q_tokens 128,
+ * so 8 q tokens a request: 8 tiles at 64 heads) 924 such CTAs after the
+ * 132 working ones. A launch being captured keeps the capacity's (a graph
+ * replays other batches); KVA_MLA_GRID=0 keeps it always (A/B). */
+static int mla_grid_tiles(int cap_tiles, int rows_tiles, cudaStream_t s) {
+  static mla_env_switch sw;
+  if (!mla_env_int(&sw, "KVA_MLA_GRID", 1) || rows_tiles >= cap_tiles) return cap_tiles;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess) {
+    (void)cudaGetLastError(); /* not the next launch's error */
+    return cap_tiles;
+  }
+  return capturing == cudaStreamCaptureStatusNone ? (rows_tiles > 0 ? rows_tiles : 1) : cap_tiles;
 }
 
 /* kva_mla_args.merge_wait_ns: 8 us unless KVA_MLA_MERGE_WAIT=N ns (0: no
@@ -407,8 +434,12 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     a.kv_tma = kva_mla5_kv_maps(&a, pool->k[layer],
                                 (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4);
   }
-  /* grid.y: v10's row tiles are nq10 rows, the others' 64 */
-  const int gy = ver == 10 ? mla_row_tiles(hq, plan->cfg.max_q_tokens, nq10) : tiles;
+  /* grid.y: v10's row tiles are nq10 rows, the others' 64; the batch's
+   * own in an eager launch */
+  const int tile_rows = ver == 10 ? nq10 : KVA_MLA_BM;
+  const int rows_tiles = (int)((rows10 + tile_rows - 1) / tile_rows);
+  const int gy = mla_grid_tiles(ver == 10 ? mla_row_tiles(hq, plan->cfg.max_q_tokens, nq10) : tiles,
+                                rows_tiles, cs->stream);
   /* the timeline's records: one a CTA (v10 may have more row tiles than
    * `tiles`) */
 #ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
@@ -416,6 +447,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
 #else
   a.trace = kva_trace_next((long long)plan->cfg.num_workers * gy);
 #endif
-  return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(tiles),
+  return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(rows_tiles),
                         (unsigned)plan->cfg.num_workers, (unsigned)gy, cs->stream);
 }
