@@ -11,7 +11,7 @@
  * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
  * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
  * >= 128 rows (q heads x new tokens: the compute-bound ones), 16-bit or
- * fp8 latents; v10 fp8 batches of <= 64 rows; v2 the rest;
+ * fp8 latents (fp8 from 33 rows); v10 fp8 batches of <= 32 rows; v2 the rest;
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
@@ -395,12 +395,15 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
      * 0.93-1.0) */
     ver = hq * max_q >= 2 * KVA_MLA_BM ? 9 : 2;
     /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
-     * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows, 30-40% slower
-     * than v2 at 16-64 (docs/performance.md, "Thirty-second session");
-     * up to 64 rows v10 (keys as M: the tensor work follows the rows; 33-64
-     * rows as one tile of 64: H100, 2026-11-27, 7-10% faster than two tiles
-     * of 32, which were 8-13% faster than v2; "Thirty-sixth session") */
-    if (kv8 && hq * max_q <= 64) ver = 10;
+     * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows
+     * (docs/performance.md, "Thirty-second session"); also at 33-64 rows:
+     * 5-12% less time than v10's 64-row tile on FlashMLA's eight fp8 rows
+     * of 64 rows (H100, 2026-11-28, "Thirty-ninth session"; the 30-40%
+     * that v9 lost to v2 at 16-64 rows in the thirty-second session was
+     * its tile paired in a cluster with the capacity's idle tiles, see
+     * mla_coloc). Up to 32 rows v10 (keys as M: the tensor work follows
+     * the rows; 1.6-1.7x faster than v9 there). */
+    if (kv8 && hq * max_q <= 64) ver = hq * max_q <= 32 ? 10 : 9;
   }
   /* v10's rows a CTA: 16, 32 or 64 (the batch's rows; a forced v10 on more
    * rows runs tiles of 64) */
