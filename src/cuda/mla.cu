@@ -10,8 +10,8 @@
  * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
  * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
  * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
- * >= 128 rows (q heads x new tokens: the compute-bound ones), 16-bit or
- * fp8 latents (fp8 from 33 rows); v10 fp8 batches of <= 32 rows; v2 the rest;
+ * more than 64 rows (q heads x new tokens), 16-bit or fp8 latents (fp8
+ * from 33 rows); v10 fp8 batches of <= 32 rows; v2 the rest;
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
@@ -390,10 +390,12 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     /* v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
      * against v6 in one binary: +4.9 to +17% on 10 of FlashMLA's 12
      * compute-bound rows, -3.2 and -5.8% on the two 128-row varlen rows at
-     * sk 4096; docs/performance.md, "Twenty-sixth session"); at 64 rows
-     * and below v2 (v6 streams a 64-row batch at ~0.65 of copy, v2 at
-     * 0.93-1.0) */
-    ver = hq * max_q >= 2 * KVA_MLA_BM ? 9 : 2;
+     * sk 4096; docs/performance.md, "Twenty-sixth session"), and on
+     * 65-127 rows (two row tiles: 1.5-1.6x v2 at 96 rows, H100,
+     * 2026-11-28, "Thirty-ninth session"); at 64 rows and below v2 (0.93-1.0
+     * of copy against v9's 0.86-0.98; the ~0.65 that v6/v9 once streamed
+     * at 64 rows was their tile clustered with idle capacity tiles) */
+    ver = hq * max_q > KVA_MLA_BM ? 9 : 2;
     /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
      * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows
      * (docs/performance.md, "Thirty-second session"); also at 33-64 rows:
