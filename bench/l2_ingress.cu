@@ -11,6 +11,10 @@
  * of 64 x 64 x 9 (the column blocks as a third dimension), or by CTA pairs
  * as clusters, each issuing half the boxes multicast to both; from all SMs
  * at once, or from one SM (one pair) alone.
+ * `l2_ingress pace`: DRAM-fed blocks with a per-block delay (cycles spent on
+ * a landed block before its stage is refilled, as a kernel's compute), on
+ * 66, 100, 116 and all SMs: whether the delivery falls as more SMs stream
+ * (it did not, 2026-11-28: 3.0-3.1 TB/s at 132 CTAs in every variant).
  *   (built with the CUDA configuration: build-cuda/l2_ingress) */
 #include <cuda.h>
 #include <string.h>
@@ -23,8 +27,9 @@
 #define BLOCK_BYTES 73728 /* 64 keys x 576 x 2 */
 #define STAGES 3
 
-/* Each CTA streams `iters` blocks from buf (blocks of its own, or shared by
- * CTA pairs when `pair`), `depth` of them in flight. */
+/* Each CTA streams `iters` blocks from buf (blocks of its own, scattered;
+ * shared by CTA pairs when `pair` is 1; its own in a row when 2), `depth`
+ * of them in flight, `delay` cycles on each before refilling its stage. */
 /* boxes: 0 one 1-D bulk copy per block; 1 nine 64 x 64 boxes (v5); 2 one
  * 64 x 64 x 9 box (map9: the column blocks as a third dimension); 3 CTA
  * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both */

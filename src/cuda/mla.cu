@@ -175,19 +175,19 @@ static int mla_tma_enabled(void) {
 
 /* v5's placement: row tiles 2y and 2y+1 of a worker (the same keys) are
  * launched as a cluster of 2, so the pair runs on one GPC (the kernel has
- * no cluster code); only when the batch's row tiles are even, so that no
- * working tile is paired with a tile past the batch's rows. Such a tile's
- * CTA exits at once, but the cluster still needs two free SMs together:
- * with a CTA on every SM, the last working tiles waited for a whole CTA
- * to end (v9 at 64 rows in the capacity's grid of 8 tiles, one request of
- * 8192 keys on each of 132 workers: 12 CTAs started at ~340 us, the step
- * took 0.554 ms against 0.428 without clusters; H100, 2026-11-28,
- * docs/performance.md, "Thirty-ninth session"). H100, 2026-11-25, against the same binary without:
+ * no cluster code). H100, 2026-11-25, against the same binary without:
  * median +2% on FlashMLA's 12 compute-bound rows in bursts (11 of 12
  * gained), +4 to +9% under sustained load (docs/performance.md,
- * "Fifteenth session").
- * ncu had v5 at 99% of the L2's throughput, each latent block going to
- * every row tile of its request. KVA_MLA_COLOC=1 turns it off (A/B). */
+ * "Fifteenth session"); ncu had v5 at 99% of the L2's throughput, each
+ * latent block going to every row tile of its request.
+ * Only when the batch's row tiles are even, so that no working tile is
+ * paired with one past the batch's rows: that tile's CTA exits at once,
+ * but the cluster still needs two free SMs of a GPC together, and with a
+ * CTA on every SM the last working tiles waited for a whole CTA to end
+ * (v9 at 64 rows, one request of 8192 keys on each of 132 workers: 12
+ * CTAs started at ~340 us, 0.554 ms against 0.428 without the pairs;
+ * h64 s_q3 340 -> 623 TFLOP/s; H100, 2026-11-28, "Thirty-ninth
+ * session"). KVA_MLA_COLOC=1 turns pairs off (A/B). */
 static int mla_coloc(int batch_tiles) {
   static mla_env_switch sw;
   const int c = mla_env_int(&sw, "KVA_MLA_COLOC", 2);
@@ -195,12 +195,12 @@ static int mla_coloc(int batch_tiles) {
 }
 
 /* grid.y of an eager launch: the batch's row tiles (rows_tiles), not the
- * capacity's (cap_tiles). Each capacity tile past the batch's is a row of
- * CTAs that only exit, but every one of them still takes a whole SM (230
- * KB of smem) in its turn: at FlashMLA's b=128 rows (max_q_tokens 128,
- * so 8 q tokens a request: 8 tiles at 64 heads) 924 such CTAs after the
- * 132 working ones. A launch being captured keeps the capacity's (a graph
- * replays other batches); KVA_MLA_GRID=0 keeps it always (A/B). */
+ * capacity's (cap_tiles), whose extra tiles are CTAs that only exit (924
+ * of them beside 132 working ones at FlashMLA's 64-row rows: 8 tiles of
+ * capacity at 64 heads). Level on FlashMLA's rows (H100, 2026-11-28), so
+ * idle CTAs cost little by themselves once they are not clustered with
+ * working ones (mla_coloc). A launch being captured keeps the capacity's
+ * (a graph replays other batches); KVA_MLA_GRID=0 keeps it always (A/B). */
 static int mla_grid_tiles(int cap_tiles, int rows_tiles, cudaStream_t s) {
   static mla_env_switch sw;
   if (!mla_env_int(&sw, "KVA_MLA_GRID", 1) || rows_tiles >= cap_tiles) return cap_tiles;
@@ -409,8 +409,8 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   }
   /* v10's rows a CTA: 16, 32 or 64 (the batch's rows; a forced v10 on more
    * rows runs tiles of 64) */
-  const int64_t rows10 = mla_sched_rows(hq, max_q);
-  const int nq10 = rows10 <= 16 ? 16 : rows10 <= 32 || mla_v10_tile32() ? 32 : 64;
+  const int64_t batch_rows = mla_sched_rows(hq, max_q);
+  const int nq10 = batch_rows <= 16 ? 16 : batch_rows <= 32 || mla_v10_tile32() ? 32 : 64;
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
       (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin) ||
@@ -442,7 +442,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   /* grid.y: v10's row tiles are nq10 rows, the others' 64; the batch's
    * own in an eager launch */
   const int tile_rows = ver == 10 ? nq10 : KVA_MLA_BM;
-  const int rows_tiles = (int)((rows10 + tile_rows - 1) / tile_rows);
+  const int rows_tiles = (int)((batch_rows + tile_rows - 1) / tile_rows);
   const int gy = mla_grid_tiles(ver == 10 ? mla_row_tiles(hq, plan->cfg.max_q_tokens, nq10) : tiles,
                                 rows_tiles, cs->stream);
   /* the timeline's records: one a CTA (v10 may have more row tiles than
