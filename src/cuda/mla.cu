@@ -194,22 +194,22 @@ static int mla_coloc(int batch_tiles) {
   return c == 2 && batch_tiles % 2 == 0 ? 2 : 1;
 }
 
-/* grid.y of an eager launch: the batch's row tiles (rows_tiles), not the
+/* grid.y of an eager launch: the batch's row tiles (batch_tiles >= 1), not the
  * capacity's (cap_tiles), whose extra tiles are CTAs that only exit (924
  * of them beside 132 working ones at FlashMLA's 64-row rows: 8 tiles of
  * capacity at 64 heads). Level on FlashMLA's rows (H100, 2026-11-28), so
  * idle CTAs cost little by themselves once they are not clustered with
  * working ones (mla_coloc). A launch being captured keeps the capacity's
  * (a graph replays other batches); KVA_MLA_GRID=0 keeps it always (A/B). */
-static int mla_grid_tiles(int cap_tiles, int rows_tiles, cudaStream_t s) {
+static int mla_grid_tiles(int cap_tiles, int batch_tiles, cudaStream_t s) {
   static mla_env_switch sw;
-  if (!mla_env_int(&sw, "KVA_MLA_GRID", 1) || rows_tiles >= cap_tiles) return cap_tiles;
+  if (!mla_env_int(&sw, "KVA_MLA_GRID", 1) || batch_tiles >= cap_tiles) return cap_tiles;
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess) {
     (void)cudaGetLastError(); /* not the next launch's error */
     return cap_tiles;
   }
-  return capturing == cudaStreamCaptureStatusNone ? (rows_tiles > 0 ? rows_tiles : 1) : cap_tiles;
+  return capturing == cudaStreamCaptureStatusNone ? batch_tiles : cap_tiles;
 }
 
 /* kva_mla_args.merge_wait_ns: 8 us unless KVA_MLA_MERGE_WAIT=N ns (0: no
@@ -442,9 +442,9 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   /* grid.y: v10's row tiles are nq10 rows, the others' 64; the batch's
    * own in an eager launch */
   const int tile_rows = ver == 10 ? nq10 : KVA_MLA_BM;
-  const int rows_tiles = (int)((batch_rows + tile_rows - 1) / tile_rows);
-  const int gy = mla_grid_tiles(ver == 10 ? mla_row_tiles(hq, plan->cfg.max_q_tokens, nq10) : tiles,
-                                rows_tiles, cs->stream);
+  const int batch_tiles = mla_row_tiles(hq, max_q > 0 ? max_q : 1, tile_rows);
+  const int gy = mla_grid_tiles(mla_row_tiles(hq, plan->cfg.max_q_tokens, tile_rows), batch_tiles,
+                                cs->stream);
   /* the timeline's records: one a CTA (v10 may have more row tiles than
    * `tiles`) */
 #ifdef KVA_MLA_TRACE /* v5's phase sums: a record per warpgroup */
@@ -452,6 +452,6 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
 #else
   a.trace = kva_trace_next((long long)plan->cfg.num_workers * gy);
 #endif
-  return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(rows_tiles),
+  return kva_mla_launch(&a, dtype, kv8, ver, nq10, mla_coloc(batch_tiles),
                         (unsigned)plan->cfg.num_workers, (unsigned)gy, cs->stream);
 }
