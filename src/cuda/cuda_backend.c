@@ -39,6 +39,15 @@ static kva_status cuda_init(kva_context *ctx, const kva_context_config *cfg) {
   st->device = cfg->cuda_device;
   st->num_sms = prop.multiProcessorCount;
   st->max_smem_optin = (int)prop.sharedMemPerBlockOptin;
+  /* double data rate: 2 x clock (kHz) x bus bytes; the MLA dispatch reads it */
+  int mem_khz = 0, bus_bits = 0;
+  if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, cfg->cuda_device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, cfg->cuda_device) !=
+          cudaSuccess) {
+    (void)cudaGetLastError(); /* unknown: the dispatch keeps its H100 choice */
+    mem_khz = bus_bits = 0;
+  }
+  st->mem_gbps = (int)(2.0 * mem_khz * 1e3 * (bus_bits / 8) / 1e9);
   /* our own stream: capturable by CUDA graphs, unlike the legacy default */
   e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
@@ -148,9 +157,9 @@ static int cuda_split_overhead(const kva_context *ctx, const kva_pool *pool, int
 
 static int cuda_split_costs(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                             int max_q_len, int block, kva_split_costs *out) {
-  (void)ctx;
   if (pool->cfg.layout != KVA_LAYOUT_MLA) return 0;
-  return kva_cuda_mla_split_costs(num_qo_heads, max_q_len, block, out);
+  return kva_cuda_mla_split_costs(kva_cuda_state_of(ctx), num_qo_heads, max_q_len, block,
+                                  pool->cfg.kv_dtype == KVA_FP8_E4M3, pool->cfg.page_size, out);
 }
 
 /* Runs of consecutive src and dst slots (a fork copies a page prefix) move

@@ -52,6 +52,7 @@ typedef struct kva_cuda_state {
   int device;
   int num_sms;
   int max_smem_optin;  /* bytes a block may use after cudaFuncSetAttribute */
+  int mem_gbps;        /* peak DRAM bandwidth in GB/s from the device's attributes (0: unknown) */
   cudaStream_t stream;      /* the stream every call is ordered on */
   cudaStream_t own_stream;  /* created at init; the stream until kva_context_set_stream */
 } kva_cuda_state;
@@ -189,8 +190,9 @@ int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
  * kv8: an fp8 latent pool. */
 int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8);
 /* What an MLA chunk's end costs the costed walk (split_costs); returns 1,
- * or 0 for batches that keep the packed walk (two or more row tiles). */
-int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block, kva_split_costs *out);
+ * or 0 for batches that keep the packed walk (those not run by v2). */
+int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_heads, int max_q_len, int block,
+                             int kv8, int page_size, kva_split_costs *out);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */
 kva_status kva_cuda_extend_plan_init(kva_plan *plan);
 kva_status kva_cuda_extend_plan(kva_plan *plan);  /* called from plan_upload */

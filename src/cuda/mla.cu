@@ -266,6 +266,50 @@ static int64_t mla_block_bytes(int block) {
   return (int64_t)(block > 0 ? block : 1) * KVA_MLA_D * 2;
 }
 
+/* 16-bit latents at up to 64 rows (one row tile): v6 where the DRAM
+ * outruns v2's chain, else v2. v2 streams a 64-key block every ~2.8 us
+ * per SM on its own (26 GB/s), so 132 of them feed at most ~3.4 TB/s:
+ * the H100's 3.35 TB/s but not the H200's 4.8. Measured (FlashMLA's 20
+ * memory-bound rows, same call): H100 (2026-11-28) v2 0.93-1.0 of copy
+ * against v5/v9 0.86-0.98; H200 (2026-11-28, "Fortieth session") v2
+ * 0.73-0.79, v6 0.84-0.97 (packed walk), v9 0.76-0.95. So v6 from 28 GB/s
+ * of peak bandwidth per SM, pools of whole 64-key pages (its TMA boxes);
+ * KVA_MLA_SMALL=2|6 forces one (A/B). */
+static int mla_small_kernel(const kva_cuda_state *cs, int page_size) {
+  static mla_env_switch sw;
+  const int forced = mla_env_int(&sw, "KVA_MLA_SMALL", 0);
+  if (forced == 2 || forced == 6) return forced;
+  const int fast_dram = cs->mem_gbps > 0 && cs->mem_gbps >= 28 * cs->num_sms;
+  return fast_dram && page_size % KVA_MLA5_BN == 0 ? 6 : 2;
+}
+
+/* The kernel of a batch of hq x max_q rows: KVA_MLA_KERNEL if set, else by
+ * rows, latents and device (before the fallback to v2 where a kernel's
+ * smem does not fit). The planner's prices (kva_cuda_mla_split_costs) and
+ * the launch both ask here. */
+static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8, int page_size) {
+  const int forced = mla_kernel_forced();
+  if (forced) return forced;
+  const int64_t rows = mla_sched_rows(hq, max_q);
+  /* v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
+   * against v6 in one binary: +4.9 to +17% on 10 of FlashMLA's 12
+   * compute-bound rows, -3.2 and -5.8% on the two 128-row varlen rows at
+   * sk 4096; docs/performance.md, "Twenty-sixth session"), and on
+   * 65-127 rows (two row tiles: 1.5-1.6x v2 at 96 rows, H100,
+   * 2026-11-28, "Thirty-ninth session"); at 64 rows and below see
+   * mla_small_kernel (the ~0.65 of copy that v6/v9 once streamed at 64
+   * rows on the H100 was their tile clustered with idle capacity tiles) */
+  if (rows > KVA_MLA_BM) return 9;
+  /* fp8 latents at up to 64 rows: v9's byte stages (kva_mla_kernel_v9's
+   * KV8) at 33-64 rows, 5-12% less time than v10's 64-row tile on
+   * FlashMLA's eight fp8 rows of 64 rows (H100, 2026-11-28, "Thirty-ninth
+   * session"; at 128 and 256 rows +42-45% over v2, "Thirty-second
+   * session"). Up to 32 rows v10 (keys as M: the tensor work follows the
+   * rows; 1.6-1.7x faster than v9 there). */
+  if (kv8) return rows <= 32 ? 10 : 9;
+  return mla_small_kernel(cs, page_size);
+}
+
 /* Split-schedule slack for MLA (the backend's split_slack): a cut makes
  * one more chunk whose 512-dim f32 partial rows (one row tile's worth, at
  * most 64 rows) are written and read back by the merge; that is about
@@ -320,7 +364,8 @@ extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int 
  * 0.46 pb, the two-chunk merge (one round of loads into smem) 1.0 + 0.47 pb,
  * and the merge of three or more (every chunk's rows written, counted and
  * read back) 0.9 + 3.37 pb. */
-extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int block,
+extern "C" int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_heads,
+                                        int max_q_len, int block, int kv8, int page_size,
                                         kva_split_costs *out) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
   /* v5's batches (two or more row tiles) keep the packed walk: there the
@@ -328,6 +373,11 @@ extern "C" int kva_cuda_mla_split_costs(int num_qo_heads, int max_q_len, int blo
    * priced as v2's or with every merge from global memory (v5 has no merge
    * before the write) */
   if (rows >= 2 * KVA_MLA_BM) return 0;
+  /* KVA_MLA6_COSTED=0: v6's batches keep the packed walk (A/B) */
+  static mla_env_switch sw6;
+  if (!mla_env_int(&sw6, "KVA_MLA6_COSTED", 1) &&
+      mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6)
+    return 0;
   /* the partial rows' bytes in 1/16 blocks */
   const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / mla_block_bytes(block);
   out->chunk = (int32_t)(34 + pb * 16 / 100);
@@ -385,28 +435,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.prefetch_keys = mla_prefetch_keys(mla_sched_rows(hq, max_q));
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
-  int ver = mla_kernel_forced();
-  if (ver == 0) {
-    /* v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
-     * against v6 in one binary: +4.9 to +17% on 10 of FlashMLA's 12
-     * compute-bound rows, -3.2 and -5.8% on the two 128-row varlen rows at
-     * sk 4096; docs/performance.md, "Twenty-sixth session"), and on
-     * 65-127 rows (two row tiles: 1.5-1.6x v2 at 96 rows, H100,
-     * 2026-11-28, "Thirty-ninth session"); at 64 rows and below v2 (0.93-1.0
-     * of copy against v9's 0.86-0.98; the ~0.65 that v6/v9 once streamed
-     * at 64 rows was their tile clustered with idle capacity tiles) */
-    ver = hq * max_q > KVA_MLA_BM ? 9 : 2;
-    /* fp8 latents the same (v9's byte stages, kva_mla_kernel_v9's KV8):
-     * H100, 2026-11-27, +42-45% over v2 at 128 and 256 rows
-     * (docs/performance.md, "Thirty-second session"); also at 33-64 rows:
-     * 5-12% less time than v10's 64-row tile on FlashMLA's eight fp8 rows
-     * of 64 rows (H100, 2026-11-28, "Thirty-ninth session"; the 30-40%
-     * that v9 lost to v2 at 16-64 rows in the thirty-second session was
-     * its tile paired in a cluster with the capacity's idle tiles, see
-     * mla_coloc). Up to 32 rows v10 (keys as M: the tensor work follows
-     * the rows; 1.6-1.7x faster than v9 there). */
-    if (kv8 && hq * max_q <= 64) ver = hq * max_q <= 32 ? 10 : 9;
-  }
+  int ver = mla_pick_kernel(cs, hq, max_q, kv8, pc->page_size);
   /* v10's rows a CTA: 16, 32 or 64 (the batch's rows; a forced v10 on more
    * rows runs tiles of 64) */
   const int64_t batch_rows = mla_sched_rows(hq, max_q);

@@ -224,10 +224,18 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       m[hf] = sm[16 * wq + g + 8 * hf];
     }
     kva_mbar_arrive(stats_empty);
+    /* a chunk that completes a request of two merges the other's rows
+     * before its write (as v2 and v9; the head waits for the rest where the
+     * costed walk planned it to end first) */
+    if (c.nsplit == 2) {
+      if (ct == 0) *flag = mla_known_last(a, c.r, c.split);
+      mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag written */
+    }
+    const int known_last = c.nsplit == 2 && *flag;
     /* the stages are free until the next chunk's loads: the merge's scratch */
     trace_merges += mla_finish_chunk<QT, MLA6_STAMPS, KVA_MLA6_BAR_O>(
-        a, o, lt, m, c.r, c.split, c.nsplit, 0, c.nt, c.tok0, row0, c.rows, ct, h, wq, g, tq, flag,
-        (float *)p_st0, (size_t)(2 * TILE));
+        a, o, lt, m, c.r, c.split, c.nsplit, known_last, c.nt, c.tok0, row0, c.rows, ct, h, wq, g,
+        tq, flag, (float *)p_st0, (size_t)(2 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
      * writes there */
     if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
