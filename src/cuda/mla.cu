@@ -381,6 +381,11 @@ extern "C" int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_hea
   /* the partial rows' bytes in 1/16 blocks */
   const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / mla_block_bytes(block);
   out->chunk = (int32_t)(34 + pb * 16 / 100);
+  /* v6 on the H200: a chunk measured ~4 blocks (fit of a 64-row varlen
+   * timeline, 2026-11-28); priced so, FlashMLA's varlen rows at sk 4096
+   * took 0.5-1.4% less time (sk 8192 level) */
+  if (mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6)
+    out->chunk = 4 * KVA_SPLIT_COST_UNIT;
   out->partial = (int32_t)(6 + pb * 46 / 100);
   out->merge = (int32_t)(16 + pb * 47 / 100);
   out->merge_many = (int32_t)(14 + pb * 337 / 100);

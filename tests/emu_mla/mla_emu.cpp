@@ -227,6 +227,8 @@ int main(int argc, char **argv) {
    * chunk starts from blocks refilled in the first's loop and refills its
    * own from the record of it (TMA blocks when kv_tma) */
   cases.push_back({KVA_BF16, 0, 64, 128, 1, 1, 64, 1, 0.f, {700, 400}, {1, 1}});
+  /* one worker's chunk of 11 blocks at 64 rows (v6's and v9's one row tile) */
+  cases.push_back({KVA_BF16, 0, 64, 64, 1, 1, 64, 1, 0.f, {700}, {1}});
   if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
     int kl = 129, w = 1; float sc = 0.f;
     sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
