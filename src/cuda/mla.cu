@@ -464,12 +464,14 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
      * H100, as nine 64 x 64 boxes at ~60 (bench/l2_ingress.cu). Measured
      * (2026-11-26, 6 samples): +0.2 to +5% on FlashMLA's 256-row rows, -2.5
      * to -6% at 128 rows, whose pairs take their refills from DRAM and
-     * start S sooner with a barrier per column block. KVA_MLA5_BOX: 0
-     * (default) four V column blocks a box from 4 row tiles (256 query
-     * rows) up, nine boxes below; 1 always nine; 4 always four. */
+     * start S sooner with a barrier per column block. v6 at up to 64 rows
+     * (H200, 2026-11-28, 3 samples): 18 of FlashMLA's 20 memory-bound rows
+     * 0.03-0.8% less time with four, one +0.5%. KVA_MLA5_BOX: 0 (default)
+     * four V column blocks a box from 4 row tiles (256 query rows) up and
+     * for v6, nine boxes otherwise; 1 always nine; 4 always four. */
     static mla_env_switch box_sw;
     int nbox = mla_env_int(&box_sw, "KVA_MLA5_BOX", 0);
-    if (nbox == 0) nbox = hq * max_q >= 4 * KVA_MLA_BM ? 4 : 1;
+    if (nbox == 0) nbox = hq * max_q >= 4 * KVA_MLA_BM || ver == 6 ? 4 : 1;
     a.kv_tma = kva_mla5_kv_maps(&a, pool->k[layer],
                                 (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4);
   }
