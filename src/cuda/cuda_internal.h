@@ -190,7 +190,9 @@ int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
  * kv8: an fp8 latent pool. */
 int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8);
 /* What an MLA chunk's end costs the costed walk (split_costs); returns 1,
- * or 0 for batches that keep the packed walk (those not run by v2). */
+ * or 0 for batches that keep the packed walk (two or more row tiles; v6's
+ * with KVA_MLA6_COSTED=0). The prices follow the kernel mla.cu will
+ * launch (v6 where the DRAM is fast, cs->mem_gbps). */
 int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_heads, int max_q_len, int block,
                              int kv8, int page_size, kva_split_costs *out);
 /* Extend path (extend.cu): the plan's extend requests on tensor cores. */

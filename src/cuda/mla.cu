@@ -272,7 +272,8 @@ static int64_t mla_block_bytes(int block) {
  * the H100's 3.35 TB/s but not the H200's 4.8. Measured (FlashMLA's 20
  * memory-bound rows, same call): H100 (2026-11-28) v2 0.93-1.0 of copy
  * against v5/v9 0.86-0.98; H200 (2026-11-28, "Fortieth session") v2
- * 0.73-0.79, v6 0.84-0.97 (packed walk), v9 0.76-0.95. So v6 from 28 GB/s
+ * 0.73-0.79, v6 0.81-0.96, v9 0.81-0.94 (0.87-0.97 for v6 with its merge
+ * before the write and its prices, kva_cuda_mla_split_costs). So v6 from 28 GB/s
  * of peak bandwidth per SM, pools of whole 64-key pages (its TMA boxes);
  * KVA_MLA_SMALL=2|6 forces one (A/B). */
 static int mla_small_kernel(const kva_cuda_state *cs, int page_size) {
@@ -375,17 +376,15 @@ extern "C" int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_hea
   if (rows >= 2 * KVA_MLA_BM) return 0;
   /* KVA_MLA6_COSTED=0: v6's batches keep the packed walk (A/B) */
   static mla_env_switch sw6;
-  if (!mla_env_int(&sw6, "KVA_MLA6_COSTED", 1) &&
-      mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6)
-    return 0;
+  const int v6 = !kv8 && mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6;
+  if (v6 && !mla_env_int(&sw6, "KVA_MLA6_COSTED", 1)) return 0;
   /* the partial rows' bytes in 1/16 blocks */
   const int64_t pb = rows * KVA_MLA_DV * 4 * KVA_SPLIT_COST_UNIT / mla_block_bytes(block);
   out->chunk = (int32_t)(34 + pb * 16 / 100);
   /* v6 on the H200: a chunk measured ~4 blocks (fit of a 64-row varlen
    * timeline, 2026-11-28); priced so, FlashMLA's varlen rows at sk 4096
    * took 0.5-1.4% less time (sk 8192 level) */
-  if (mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6)
-    out->chunk = 4 * KVA_SPLIT_COST_UNIT;
+  if (v6) out->chunk = 4 * KVA_SPLIT_COST_UNIT;
   out->partial = (int32_t)(6 + pb * 46 / 100);
   out->merge = (int32_t)(16 + pb * 47 / 100);
   out->merge_many = (int32_t)(14 + pb * 337 / 100);
@@ -453,7 +452,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   /* the head's wait where the walk plans the rest to end early: the costed
    * walk (kva_cuda_mla_split_costs: fewer than two row tiles) and v9's
    * packed one (the head ends its worker, the rest starts the next); v5
-   * and v6 merge from global memory only */
+   * merges from global memory only, v6 (one row tile) as v2 */
   a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
