@@ -58,18 +58,37 @@ static __device__ __forceinline__ void mla_discard_rows(const kva_mla_args &a, c
 }
 
 /* The chunks of request r for this CTA's row tile merged by LSE into O (and
- * LSE), by the CTA whose chunk finished last; as dec_merge_chunks
- * (decode_kernel.cuh) at 512 dims, on kva_split_merge4. */
+ * LSE), by the CTA whose chunk finished last, item by item, when the
+ * weights of mla_merge_chunks_w do not fit its scratch (v9 when its stages
+ * hold the next chunk's blocks, v2 with many chunks). Each item recomputes
+ * its row's weights from the chunks' LSEs with mla_merge_chunks_w's
+ * arithmetic and order, so that O and LSE are bitwise the same whichever
+ * CTA merges (a running-max merge here once made v9's LSE differ in the
+ * last bit between runs; the MLA emulator's case 16). */
 template <int QT>
 static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit, int nt, int tok0,
                                         int row0, int rows_here, int tid) {
+  const size_t p0 = (size_t)a.split_row_offset[r];
+  const size_t lstride = (size_t)nt * a.hq, ostride = lstride * KVA_MLA_DV; /* chunk to chunk */
   for (int idx = tid; idx < rows_here * (KVA_MLA_DV / 4); idx += KVA_MLA_THREADS) {
     const int row = idx / (KVA_MLA_DV / 4), d4 = idx % (KVA_MLA_DV / 4);
     const int grow = row0 + row, t = grow / a.hq, h = grow - t * a.hq;
-    const size_t p0 = (size_t)a.split_row_offset[r] + t;
-    float mx, ws;
-    const float4 acc = kva_split_merge4(a.part_o, a.part_lse, p0, nt, a.hq, h, nsplit, KVA_MLA_DV,
-                                        d4, &mx, &ws);
+    const float *lp = a.part_lse + (p0 + t) * a.hq + h;
+    const float *op = a.part_o + ((p0 + t) * a.hq + h) * KVA_MLA_DV + 4 * d4;
+    float mx = -INFINITY;
+    for (int j = 0; j < nsplit; j++) mx = fmaxf(mx, __ldcg(lp + j * lstride));
+    float ws = 0.0f;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < nsplit; j++) {
+      const float l = __ldcg(lp + j * lstride);
+      const float w = mx == -INFINITY ? 0.0f : kva_ex2((l - mx) * KVA_SPLIT_LOG2E);
+      ws += w;
+      const float4 v = __ldcg((const float4 *)(op + j * ostride));
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    }
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const size_t orow = (size_t)(tok0 + t) * a.hq + h;
     *(uint2 *)((uint16_t *)a.o + orow * KVA_MLA_DV + 4 * d4) =

@@ -229,6 +229,15 @@ int main(int argc, char **argv) {
   cases.push_back({KVA_BF16, 0, 64, 128, 1, 1, 64, 1, 0.f, {700, 400}, {1, 1}});
   /* one worker's chunk of 11 blocks at 64 rows (v6's and v9's one row tile) */
   cases.push_back({KVA_BF16, 0, 64, 64, 1, 1, 64, 1, 0.f, {700}, {1}});
+  /* workers of several chunks at one row tile: the rests of cut requests
+   * followed by whole requests (s_q 1 and 2), and a request of three
+   * chunks whose merging CTA is whichever counts last (v9: item by item
+   * when its stages hold the next chunk's blocks, else with the weights in
+   * smem; both passes must agree bitwise, which a running-max item merge
+   * missed in the LSE's last bit) */
+  cases.push_back({KVA_BF16, 0, 64, 64, 1, 3, 64, 1, 0.f, {1100, 500, 300}, {1, 1, 1}});
+  cases.push_back({KVA_F16, 0, 64, 32, 1, 3, 64, 2, 0.f, {1200, 700, 600}, {2, 1, 2}});
+  cases.push_back({KVA_BF16, 0, 64, 16, 1, 4, 64, 1, 0.f, {1500, 600}, {1, 1}});
   if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
     int kl = 129, w = 1; float sc = 0.f;
     sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
