@@ -226,17 +226,19 @@ static unsigned mla_merge_wait_ns(void) {
 
 /* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise (A/B).
  * Measured on the H100 (2026-11-22, same call, v2): varlen rows at 16-32
- * query rows +2-4 points of copy rate, 64-row varlen rows +0-1. v6 at up to
- * 32 rows (the H200's kernel there) runs without bit 0 (evict_last on the
- * partial rows' stores, evict_first on the merge's reads): on the H200
- * (2026-11-28, two calls, 3 and 4 samples) FlashMLA's six varlen rows of 16
- * and 32 rows took 0.6-1.7% less time without it, the uniform row level;
- * at 64 rows v6 keeps it (without any hint +0.8 to +1.8%). */
-static int mla_l2_hints(int ver, int64_t rows) {
+ * query rows +2-4 points of copy rate, 64-row varlen rows +0-1. v6 (the
+ * H200's kernel at up to 64 rows) runs without bit 0 (evict_last on the
+ * partial rows' stores, evict_first on the merge's reads; bit 1 is v2's
+ * only): on the H200 (2026-11-28, 3-4 samples a call) FlashMLA's six
+ * varlen rows of 16 and 32 rows took 0.6-1.8% less time without it (three
+ * calls) and the four of 64 rows 0.6-1.2% less (one call), uniform rows
+ * level; without the discard (bit 2) as well, the 64-row rows took 0.8-1.8%
+ * more. */
+static int mla_l2_hints(int ver) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_L2", -1);
   if (forced >= 0) return forced & 7;
-  return ver == 6 && rows <= 32 ? 6 : 7;
+  return ver == 6 ? 6 : 7;
 }
 
 /* kva_mla_args.prefetch_keys (v2): 128 keys at up to 32 query rows, else
@@ -460,7 +462,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * packed one (the head ends its worker, the rest starts the next); v5
    * merges from global memory only, v6 (one row tile) as v2 */
   a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
-  a.l2_hints = mla_l2_hints(ver, batch_rows);
+  a.l2_hints = mla_l2_hints(ver);
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
   a.kv_tma = ver >= 5 && !kv8 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();
