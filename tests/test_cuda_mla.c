@@ -190,14 +190,32 @@ static void run_case(kva_context *ctx, const mla_case *c) {
     kva_attn_params ap = kva_attn_params_default();
     ap.causal = c->causal;
     ap.sm_scale = c->sm_scale;
-    /* twice: the split counters must be back at zero after a run */
-    for (int rep = 0; rep < 2; rep++) {
+    /* twice against the reference (the split counters must be back at zero
+     * after a run), then four more runs bitwise equal to the first:
+     * whichever CTA completes a split request and merges it (before its
+     * write, from smem weights or item by item), O and LSE are the same */
+    const size_t ob = on * kva_dtype_size(c->qt);
+    unsigned char *o0 = malloc(ob), *o1 = malloc(ob);
+    float *l0 = malloc(ln * sizeof(float)), *l1 = malloc(ln * sizeof(float));
+    for (int rep = 0; rep < 6 && o0 && o1 && l0 && l1; rep++) {
       poison(ctx, o, on, c->qt, lse, ln);
       CHECK_STATUS(kva_attention(plan, w.pool, 0, &ap, q, o, c->with_lse ? lse : NULL, c->qt),
                    KVA_OK);
       CHECK_STATUS(kva_synchronize(ctx), KVA_OK);
-      check_against_ref(&w, c, &ap, cached, fresh, qf, o, lse, c->with_lse, c->name);
+      if (rep < 2) check_against_ref(&w, c, &ap, cached, fresh, qf, o, lse, c->with_lse, c->name);
+      CHECK_STATUS(kva_copy_to_host(ctx, rep ? o1 : o0, o, ob), KVA_OK);
+      CHECK_STATUS(kva_copy_to_host(ctx, rep ? l1 : l0, lse, ln * sizeof(float)), KVA_OK);
+      if (rep > 0) {
+        CHECK(memcmp(o0, o1, ob) == 0, "%s: run %d's O differs bitwise from run 1's", c->name,
+              rep + 1);
+        CHECK(!c->with_lse || memcmp(l0, l1, ln * sizeof(float)) == 0,
+              "%s: run %d's LSE differs bitwise from run 1's", c->name, rep + 1);
+      }
     }
+    free(o0);
+    free(o1);
+    free(l0);
+    free(l1);
   }
   kva_free(ctx, q);
   kva_free(ctx, o);
