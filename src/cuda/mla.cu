@@ -444,13 +444,13 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
   a.o_mul = ks; /* V is the same latent */
   a.causal = params->causal != 0;
   const int max_q = plan->hdr.max_q_len < KVA_MAX_DECODE_Q ? plan->hdr.max_q_len : KVA_MAX_DECODE_Q;
-  a.prefetch_keys = mla_prefetch_keys(mla_sched_rows(hq, max_q));
+  const int64_t batch_rows = mla_sched_rows(hq, max_q);
+  a.prefetch_keys = mla_prefetch_keys(batch_rows);
   /* the kernel by the batch's rows (a graph replays the captured one; both
    * are correct for any batch); the grid from plan capacities */
   int ver = mla_pick_kernel(cs, hq, max_q, kv8, pc->page_size);
   /* v10's rows a CTA: 16, 32 or 64 (the batch's rows; a forced v10 on more
    * rows runs tiles of 64) */
-  const int64_t batch_rows = mla_sched_rows(hq, max_q);
   const int nq10 = batch_rows <= 16 ? 16 : batch_rows <= 32 || mla_v10_tile32() ? 32 : 64;
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
       (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
