@@ -25,6 +25,8 @@
 #include "probe.cuh"
 
 #define BLOCK_BYTES 73728 /* 64 keys x 576 x 2 */
+#define ROW_PAD 1168      /* mode 4: a key's 1152 bytes at this smem stride (16 mod 128) */
+#define STAGE_BYTES (64 * ROW_PAD)
 #define STAGES 3
 
 /* Each CTA streams `iters` blocks from buf (blocks of its own, scattered;
@@ -32,7 +34,10 @@
  * of them in flight, `delay` cycles on each before refilling its stage. */
 /* boxes: 0 one 1-D bulk copy per block; 1 nine 64 x 64 boxes (v5); 2 one
  * 64 x 64 x 9 box (map9: the column blocks as a third dimension); 3 CTA
- * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both */
+ * pairs as clusters, each CTA issuing 4 or 5 of the nine boxes to both;
+ * 4 a 1-D bulk copy per key (1152 bytes) into rows ROW_PAD apart (rows
+ * whose banks differ, for register fragments read from raw rows); 5 eight
+ * boxes of 72 columns x 64 rows (map: no swizzle, rows 144 bytes apart) */
 __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long nblocks, int iters,
                                                  int depth, int pair, int boxes, int delay,
                                                  const __grid_constant__ CUtensorMap map,
@@ -40,7 +45,7 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
                                                  unsigned long long *cycles) {
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s0 = (kva_smem_u32(smem) + 1023u) & ~1023u;
-  const uint32_t bars = s0 + STAGES * BLOCK_BYTES;
+  const uint32_t bars = s0 + STAGES * STAGE_BYTES;
   const int lane = threadIdx.x;
   const long stream = pair == 1 ? blockIdx.x / 2 : blockIdx.x;
   if (lane == 0)
@@ -61,7 +66,16 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
       for (const long long w0 = clock64(); clock64() - w0 < delay;) {
       }
     }
-    if (j < iters && lane == 0) {
+    if (j < iters && boxes == 4) {
+      const int s = j % depth;
+      const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
+                               : (stream * 977 + (long)j * 131) % nblocks;
+      if (lane == 0) kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
+      __syncwarp();
+      for (int r = lane; r < 64; r += 32)
+        kva_bulk_load(s0 + s * STAGE_BYTES + r * ROW_PAD, buf + b * BLOCK_BYTES + r * 1152, 1152,
+                      bars + 8 * s);
+    } else if (j < iters && lane == 0) {
       const int s = j % depth;
       /* pair 2: the stream's blocks in a row (one request's pages in order) */
       const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
@@ -69,16 +83,20 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
       kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
       if (boxes == 1) /* v5's nine 64 x 64 boxes, rows b*64.. of the [rows][576] view */
         for (int k = 0; k < 9; k++)
-          kva_tma_load_3d(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0, (int)(b * 64),
+          kva_tma_load_3d(s0 + s * STAGE_BYTES + k * 8192, &map, 64 * k, 0, (int)(b * 64),
                           bars + 8 * s);
       else if (boxes == 2)
-        kva_tma_load_3d(s0 + s * BLOCK_BYTES, &map9, 0, (int)(b * 64), 0, bars + 8 * s);
+        kva_tma_load_3d(s0 + s * STAGE_BYTES, &map9, 0, (int)(b * 64), 0, bars + 8 * s);
+      else if (boxes == 5)
+        for (int k = 0; k < 8; k++)
+          kva_tma_load_3d(s0 + s * STAGE_BYTES + k * 9216, &map, 72 * k, 0, (int)(b * 64),
+                          bars + 8 * s);
       else if (boxes == 3)
         for (int k = rank; k < 9; k += 2)
-          kva_tma_load_3d_multicast(s0 + s * BLOCK_BYTES + k * 8192, &map, 64 * k, 0,
+          kva_tma_load_3d_multicast(s0 + s * STAGE_BYTES + k * 8192, &map, 64 * k, 0,
                                     (int)(b * 64), bars + 8 * s, 3);
       else
-        kva_bulk_load(s0 + s * BLOCK_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
+        kva_bulk_load(s0 + s * STAGE_BYTES, buf + b * BLOCK_BYTES, BLOCK_BYTES, bars + 8 * s);
     }
     __syncwarp();
   }
@@ -112,7 +130,7 @@ static void run(const unsigned char *buf, long nblocks, int sms, int depth, int 
   const int iters = 400;
   unsigned long long *dc;
   CHECK(cudaMalloc(&dc, sizeof(unsigned long long) * sms));
-  const size_t smem = 1024 + STAGES * BLOCK_BYTES + 64;
+  const size_t smem = 1024 + STAGES * STAGE_BYTES + 64;
   CHECK(cudaFuncSetAttribute(ingress, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
   launch(buf, nblocks, sms, iters / 4, depth, pair, boxes, delay, map, map9, smem,
          dc); /* warm-up (L2) */
@@ -158,8 +176,55 @@ int main(int argc, char **argv) {
   }
   const int have9 = kva_tma_encode_16bit_3d(&map9, buf, dims9, strides9, box9) == KVA_OK;
   if (!have9) printf("the 64 x 64 x 9 box map did not encode: mode 2 skipped\n");
-  static const char *how[4] = {"1 bulk", "9 boxes", "1 box of 9", "pairs multicast"};
+  static const char *how[6] = {"1 bulk", "9 boxes", "1 box of 9", "pairs multicast",
+                               "64 row copies", "8 boxes 72"};
   char what[96];
+  if (argc > 1 && strcmp(argv[1], "tma") == 0) {
+    /* the tensor path's options against one bulk copy a block: swizzle,
+     * L2 promotion, box shape (DRAM-fed, depth 2, blocks in order) */
+    struct {
+      int mode, swz, promo, boxw;
+    } cfg[] = {{0, 0, 0, 0},     {1, 128, 256, 64}, {1, 128, 128, 64}, {1, 128, 64, 64},
+               {1, 128, 0, 64},  {1, 0, 256, 64},   {2, 128, 256, 64}, {2, 128, 0, 64},
+               {5, 0, 256, 72},  {5, 0, 128, 72},   {5, 0, 0, 72}};
+    for (int delay = 0; delay <= 1500; delay += 1500)
+      for (size_t i = 0; i < sizeof cfg / sizeof cfg[0]; i++) {
+        CUtensorMap m = map, m9 = map9;
+        if (cfg[i].mode == 1 || cfg[i].mode == 5) {
+          const uint32_t bx[3] = {(uint32_t)cfg[i].boxw, 1, 64};
+          if (kva_tma_encode_16bit_3d_opts(&m, buf, dims, strides, bx, cfg[i].swz,
+                                           cfg[i].promo) != KVA_OK) {
+            printf("cfg %zu: encode failed\n", i);
+            continue;
+          }
+        } else if (cfg[i].mode == 2) {
+          if (kva_tma_encode_16bit_3d_opts(&m9, buf, dims9, strides9, box9, cfg[i].swz,
+                                           cfg[i].promo) != KVA_OK) {
+            printf("cfg %zu: encode failed\n", i);
+            continue;
+          }
+        }
+        snprintf(what, sizeof what, "tma %-10s swz %3d promo %3d delay %4d", how[cfg[i].mode == 5 ? 5 : cfg[i].mode],
+                 cfg[i].swz, cfg[i].promo, delay);
+        run(buf, big, 128, 2, 2, cfg[i].mode, delay, &m, &m9, what);
+      }
+    CHECK(cudaFree(buf));
+    return 0;
+  }
+  if (argc > 1 && strcmp(argv[1], "rows") == 0) {
+    /* one bulk copy a block, nine boxes, one box of nine, or a copy a key
+     * into padded rows: DRAM-fed, depth 2, 128 and all SMs, per-block delay */
+    static const int modes[4] = {0, 1, 2, 4};
+    for (int delay = 0; delay <= 3000; delay += 1500)
+      for (int n = 128; n <= sms; n += sms - 128 > 0 ? sms - 128 : 1)
+        for (int mi = 0; mi < 4; mi++) {
+          if (modes[mi] == 2 && !have9) continue;
+          snprintf(what, sizeof what, "rows %s delay %4d CTAs %3d", how[modes[mi]], delay, n);
+          run(buf, big, n, 2, 2, modes[mi], delay, &map, &map9, what);
+        }
+    CHECK(cudaFree(buf));
+    return 0;
+  }
   if (argc > 1 && strcmp(argv[1], "pace") == 0) {
     /* Each CTA spends `delay` cycles on a landed block before refilling its
      * stage (a kernel's compute between a stage's landing and its release),

@@ -287,7 +287,7 @@ static void run(int workers, int tiles, int nb, const unsigned char *lat, const 
   kva_mla_args a;
   memset(&a, 0, sizeof a);
   a.qk_mul = 1.4426950408889634f / sqrtf(576.0f);
-  if (MEM == 2 && !kva_mla5_kv_maps(&a, lat, (uint64_t)128 * 8192, 0)) {
+  if (MEM == 2 && !kva_mla5_kv_maps(&a, lat, (uint64_t)128 * 8192, 0, 128)) {
     printf("v6 probe: no tensor map\n");
     return;
   }

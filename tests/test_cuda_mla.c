@@ -356,6 +356,14 @@ int main(void) {
       {"varlen fp8 p64 h64 f16 sharp", 64, 64, 1, 0.6f, KVA_F16, KVA_FP8_E4M3, 4, c4, f4, 0, 0, 1},
       {"b32 h32 s1-2 fp8 p64", 64, 32, 1, 0.f, KVA_BF16, KVA_FP8_E4M3, 32, cb, fb, 0, 0, 1},
       {"fp8 p1 h24 s2 non-causal", 1, 24, 0, 0.f, KVA_BF16, KVA_FP8_E4M3, 2, c2, f2, 0, 0, 1},
+      /* 16-bit batches of <= 32 rows (v6 on fast DRAM with pages of whole
+       * 64-key runs, else v2): pages of 64, 16 and 1 keys, cuts, sharp
+       * f16, many requests */
+      {"varlen bf16 p64 h16 s1", 64, 16, 1, 0.f, KVA_BF16, KVA_BF16, 4, c4, f4, 0, 0, 1},
+      {"bf16 p16 h16 s2 cuts", 16, 16, 1, 0.f, KVA_BF16, KVA_BF16, 2, c2, f2, 5, 64, 1},
+      {"varlen f16 p64 h32 sharp", 64, 32, 1, 0.6f, KVA_F16, KVA_F16, 4, c4, f4, 0, 0, 1},
+      {"b32 h16 s1-2 bf16 p64", 64, 16, 1, 0.f, KVA_BF16, KVA_BF16, 32, cb, fb, 0, 0, 0},
+      {"bf16 p1 h16 s2 non-causal", 1, 16, 0, 0.f, KVA_BF16, KVA_BF16, 2, c2, f2, 0, 0, 1},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(ctx, &cases[i]);
   run_graph_case(ctx, KVA_BF16, 64);

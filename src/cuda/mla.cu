@@ -241,6 +241,17 @@ static int mla_l2_hints(int ver) {
   return ver == 6 ? 6 : 7;
 }
 
+/* The latent tensor maps' L2 promotion (kva_mla5_kv_maps): 128 bytes
+ * unless KVA_MLA_L2PROMO=0|64|128|256 says otherwise (A/B). 256 (the
+ * maps' promotion before 2026-11-28) cut the H200's DRAM stream into smem
+ * through the maps to 4.14-4.27 TB/s, against 4.51-4.62 at 128, 64 or 0
+ * and for one bulk copy a block (bench/l2_ingress tma). */
+static int mla_l2_promotion(void) {
+  static mla_env_switch sw;
+  const int v = mla_env_int(&sw, "KVA_MLA_L2PROMO", 128);
+  return v == 0 || v == 64 || v == 256 ? v : 128;
+}
+
 /* kva_mla_args.prefetch_keys (v2): 128 keys at up to 32 query rows, else
  * none; KVA_MLA_PREFETCH=N keys overrides (A/B). H100, 2026-11-26
  * (docs/performance.md, "Twentieth session"): -0.1 to -1.4% time on all
@@ -481,7 +492,8 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     int nbox = mla_env_int(&box_sw, "KVA_MLA5_BOX", 0);
     if (nbox == 0) nbox = hq * max_q >= 4 * KVA_MLA_BM || ver == 6 ? 4 : 1;
     a.kv_tma = kva_mla5_kv_maps(&a, pool->k[layer],
-                                (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4);
+                                (uint64_t)pc->num_pages * (uint64_t)pc->page_size, nbox == 4,
+                                mla_l2_promotion());
   }
   /* grid.y: v10's row tiles are nq10 rows, the others' 64; the batch's
    * own in an eager launch */

@@ -169,18 +169,28 @@ typedef struct kva_mla_args {
  * (byte strides 1152 and 128: a box lands as [4][64 keys][128 B], v5's
  * stage layout). Returns the kv_tma to launch with: 0 when kv_map does not
  * encode, 4 when kv_map4 does too, else 1. mla.cu and the MLA emulator
- * both build their maps here. */
+ * both build their maps here. l2_promotion: the maps' L2 promotion in
+ * bytes (0, 64, 128 or 256). A box's rows are 128 bytes of rows 1152
+ * apart; promoted to 256 they streamed from DRAM at 4.14-4.27 TB/s on the
+ * H200, at 128 or less 4.51-4.62, as fast as one bulk copy a block
+ * (bench/l2_ingress tma, 2026-11-28; docs/performance.md, "Forty-second
+ * session"). */
 static inline int kva_mla5_kv_maps(kva_mla_args *a, const void *kv, uint64_t slots,
-                                   int four_a_box) {
+                                   int four_a_box, int l2_promotion) {
   const uint64_t dims[3] = {KVA_MLA_D, 1, slots};
   const uint64_t strides[2] = {KVA_MLA_D * 2, KVA_MLA_D * 2};
   const uint32_t box[3] = {64, 1, KVA_MLA5_BN};
-  if (kva_tma_encode_16bit_3d(&a->kv_map, kv, dims, strides, box) != KVA_OK) return 0;
+  if (kva_tma_encode_16bit_3d_opts(&a->kv_map, kv, dims, strides, box, 128, l2_promotion) !=
+      KVA_OK)
+    return 0;
   if (!four_a_box) return 1;
   const uint64_t dims4[3] = {64, slots, KVA_MLA_D / 64};
   const uint64_t strides4[2] = {KVA_MLA_D * 2, 128};
   const uint32_t box4[3] = {64, KVA_MLA5_BN, 4};
-  return kva_tma_encode_16bit_3d(&a->kv_map4, kv, dims4, strides4, box4) == KVA_OK ? 4 : 1;
+  return kva_tma_encode_16bit_3d_opts(&a->kv_map4, kv, dims4, strides4, box4, 128,
+                                      l2_promotion) == KVA_OK
+             ? 4
+             : 1;
 }
 
 /* Launch of the wgmma kernel (mla.cu): grid (num_workers, row tiles); ver:

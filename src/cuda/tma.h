@@ -21,6 +21,11 @@ extern "C" {
  * zeros. */
 kva_status kva_tma_encode_16bit_3d(CUtensorMap *map, const void *base, const uint64_t dims[3],
                                    const uint64_t strides[2], const uint32_t box[3]);
+/* The same with the swizzle (0, 32, 64 or 128 bytes) and the L2 promotion
+ * (0, 64, 128 or 256 bytes) chosen (the one above: 128 and 256). */
+kva_status kva_tma_encode_16bit_3d_opts(CUtensorMap *map, const void *base,
+                                        const uint64_t dims[3], const uint64_t strides[2],
+                                        const uint32_t box[3], int swizzle, int l2_promotion);
 
 #ifdef __cplusplus
 }

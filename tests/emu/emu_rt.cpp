@@ -368,6 +368,19 @@ extern "C" kva_status kva_tma_encode_16bit_3d(CUtensorMap *map, const void *base
   memcpy(map, &m, sizeof m);
   return KVA_OK;
 }
+/* MLA's maps choose their L2 promotion (a no-op here); the swizzle is 128 */
+extern "C" kva_status kva_tma_encode_16bit_3d_opts(CUtensorMap *map, const void *base,
+                                                   const uint64_t dims[3],
+                                                   const uint64_t strides[2],
+                                                   const uint32_t box[3], int swizzle,
+                                                   int l2_promotion) {
+  if (swizzle != 128 || (l2_promotion != 0 && l2_promotion != 64 && l2_promotion != 128 &&
+                         l2_promotion != 256)) {
+    fprintf(stderr, "tensor map: the emulator has the 128-byte swizzle only\n");
+    abort();
+  }
+  return kva_tma_encode_16bit_3d(map, base, dims, strides, box);
+}
 struct TmaOp {
   uint32_t dst, bar;
   EmuMap m;

@@ -111,7 +111,7 @@ static int run_case(const Case &c, int idx) {
   a.kv_tma = g_run_ver >= 5 && !c.kv8 && c.ps % KVA_MLA5_BN == 0 && rnd() % 4 != 0;
   if (a.kv_tma) {
     const int four = rnd() % 2;
-    a.kv_tma = kva_mla5_kv_maps(&a, e.k, (uint64_t)l.num_pages * c.ps, four);
+    a.kv_tma = kva_mla5_kv_maps(&a, e.k, (uint64_t)l.num_pages * c.ps, four, 128);
   }
 
   void (*fn)(void) = NULL;
