@@ -224,21 +224,21 @@ static unsigned mla_merge_wait_ns(void) {
   return v > 0 ? (unsigned)v : 0u;
 }
 
-/* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise (A/B).
- * Measured on the H100 (2026-11-22, same call, v2): varlen rows at 16-32
- * query rows +2-4 points of copy rate, 64-row varlen rows +0-1. v6 (the
- * H200's kernel at up to 64 rows) runs without bit 0 (evict_last on the
- * partial rows' stores, evict_first on the merge's reads; bit 1 is v2's
- * only): on the H200 (2026-11-28, 3-4 samples a call) FlashMLA's six
- * varlen rows of 16 and 32 rows took 0.6-1.8% less time without it (three
- * calls) and the four of 64 rows 0.6-1.2% less (one call), uniform rows
- * level; without the discard (bit 2) as well, the 64-row rows took 0.8-1.8%
- * more. */
-static int mla_l2_hints(int ver) {
+/* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise
+ * (A/B). Bits: 1 evict_last on the partial rows' stores and evict_first
+ * on the merge's reads, 2 v2's latent loads evict_first, 4 the partial
+ * rows discarded from L2 after the merge. H100 (2026-11-22, same call,
+ * v2): varlen rows at 16-32 query rows +2-4 points of copy rate, 64-row
+ * varlen rows +0-1. H200, v6: without bit 1 0.6-1.8% less time on
+ * FlashMLA's ten varlen rows while the latent maps were promoted to 256
+ * bytes in L2 (2026-11-28, "Forty-first session"); with the maps at 128
+ * (mla_l2_promotion) all three took 0.4-3.0% less time than without bit 1
+ * on the same ten rows (3 samples, "Forty-second session"). */
+static int mla_l2_hints(void) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_L2", -1);
   if (forced >= 0) return forced & 7;
-  return ver == 6 ? 6 : 7;
+  return 7;
 }
 
 /* The latent tensor maps' L2 promotion (kva_mla5_kv_maps): 128 bytes
@@ -473,7 +473,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * packed one (the head ends its worker, the rest starts the next); v5
    * merges from global memory only, v6 (one row tile) as v2 */
   a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
-  a.l2_hints = mla_l2_hints(ver);
+  a.l2_hints = mla_l2_hints();
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
   a.kv_tma = ver >= 5 && !kv8 && pc->page_size % KVA_MLA5_BN == 0 && mla_tma_enabled();

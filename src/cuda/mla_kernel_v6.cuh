@@ -142,6 +142,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
         mla_softmax_tile<QT, 8, false>(sacc, m, l, cf, pk, c.k0 + j * BN, c.k1, c.cached, pos, a,
                                        a.qk_mul, tq);
+        /* rows past the tile's (their logits are 0, so P is 1 there) get P =
+         * 0: their P V then multiplies zeros, which draws less power (the
+         * H200 under sustained load runs at its 700 W cap) */
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+          if (row0 + 16 * wq + g + 8 * hf >= c.rows)
+#pragma unroll
+            for (int i = 0; i < 8; i++) pk[i][hf] = 0u;
         /* P over the stage's rope column block; its factors; then ready */
         mla5_store_p(p_st0 + s * TILE + 8 * KB, pk, wq, g, tq);
         if (tq == 0) {
