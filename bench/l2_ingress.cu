@@ -15,6 +15,12 @@
  * a landed block before its stage is refilled, as a kernel's compute), on
  * 66, 100, 116 and all SMs: whether the delivery falls as more SMs stream
  * (it did not, 2026-11-28: 3.0-3.1 TB/s at 132 CTAs in every variant).
+ * `l2_ingress rows`: one bulk copy a block, the boxes, or a bulk copy a key
+ * into padded rows (H200, 2026-11-28: the copy a key stalls once a block
+ * has work, 3.2 TB/s at 1500 cycles a block).
+ * `l2_ingress tma`: the boxes' swizzle, L2 promotion and width against one
+ * bulk copy (H200, 2026-11-28: promoted to 256 bytes the boxes streamed
+ * 4.14-4.27 TB/s, at 128, 64 or none 4.51-4.62, as the bulk copy).
  *   (built with the CUDA configuration: build-cuda/l2_ingress) */
 #include <cuda.h>
 #include <string.h>

@@ -225,15 +225,15 @@ static unsigned mla_merge_wait_ns(void) {
 }
 
 /* kva_mla_args.l2_hints: all three (7) unless KVA_MLA_L2=N says otherwise
- * (A/B). Bits: 1 evict_last on the partial rows' stores and evict_first
+ * (A/B). Values: 1 evict_last on the partial rows' stores and evict_first
  * on the merge's reads, 2 v2's latent loads evict_first, 4 the partial
  * rows discarded from L2 after the merge. H100 (2026-11-22, same call,
  * v2): varlen rows at 16-32 query rows +2-4 points of copy rate, 64-row
- * varlen rows +0-1. H200, v6: without bit 1 0.6-1.8% less time on
+ * varlen rows +0-1. H200, v6: 6 took 0.6-1.8% less time than 7 on
  * FlashMLA's ten varlen rows while the latent maps were promoted to 256
  * bytes in L2 (2026-11-28, "Forty-first session"); with the maps at 128
- * (mla_l2_promotion) all three took 0.4-3.0% less time than without bit 1
- * on the same ten rows (3 samples, "Forty-second session"). */
+ * (mla_l2_promotion) 7 took 0.4-3.0% less time than 6 on the same ten
+ * rows (3 samples, "Forty-second session"). */
 static int mla_l2_hints(void) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_L2", -1);
