@@ -72,20 +72,17 @@ __global__ void __launch_bounds__(32, 1) ingress(const unsigned char *buf, long 
       for (const long long w0 = clock64(); clock64() - w0 < delay;) {
       }
     }
+    const int s = j % depth;
+    /* pair 2: the stream's blocks in a row (one request's pages in order) */
+    const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
+                             : (stream * 977 + (long)j * 131) % nblocks;
     if (j < iters && boxes == 4) {
-      const int s = j % depth;
-      const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
-                               : (stream * 977 + (long)j * 131) % nblocks;
       if (lane == 0) kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
       __syncwarp();
       for (int r = lane; r < 64; r += 32)
         kva_bulk_load(s0 + s * STAGE_BYTES + r * ROW_PAD, buf + b * BLOCK_BYTES + r * 1152, 1152,
                       bars + 8 * s);
     } else if (j < iters && lane == 0) {
-      const int s = j % depth;
-      /* pair 2: the stream's blocks in a row (one request's pages in order) */
-      const long b = pair == 2 ? (stream * (long)iters + j) % nblocks
-                               : (stream * 977 + (long)j * 131) % nblocks;
       kva_mbar_arrive_expect_tx(bars + 8 * s, BLOCK_BYTES);
       if (boxes == 1) /* v5's nine 64 x 64 boxes, rows b*64.. of the [rows][576] view */
         for (int k = 0; k < 9; k++)
@@ -210,7 +207,7 @@ int main(int argc, char **argv) {
             continue;
           }
         }
-        snprintf(what, sizeof what, "tma %-10s swz %3d promo %3d delay %4d", how[cfg[i].mode == 5 ? 5 : cfg[i].mode],
+        snprintf(what, sizeof what, "tma %-10s swz %3d promo %3d delay %4d", how[cfg[i].mode],
                  cfg[i].swz, cfg[i].promo, delay);
         run(buf, big, 128, 2, 2, cfg[i].mode, delay, &m, &m9, what);
       }
@@ -221,9 +218,11 @@ int main(int argc, char **argv) {
     /* one bulk copy a block, nine boxes, one box of nine, or a copy a key
      * into padded rows: DRAM-fed, depth 2, 128 and all SMs, per-block delay */
     static const int modes[4] = {0, 1, 2, 4};
+    const int counts[2] = {128, sms};
     for (int delay = 0; delay <= 3000; delay += 1500)
-      for (int n = 128; n <= sms; n += sms - 128 > 0 ? sms - 128 : 1)
+      for (int ci = 0; ci < (sms > 128 ? 2 : 1); ci++)
         for (int mi = 0; mi < 4; mi++) {
+          const int n = counts[ci];
           if (modes[mi] == 2 && !have9) continue;
           snprintf(what, sizeof what, "rows %s delay %4d CTAs %3d", how[modes[mi]], delay, n);
           run(buf, big, n, 2, 2, modes[mi], delay, &map, &map9, what);

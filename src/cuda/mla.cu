@@ -236,9 +236,7 @@ static unsigned mla_merge_wait_ns(void) {
  * rows (3 samples, "Forty-second session"). */
 static int mla_l2_hints(void) {
   static mla_env_switch sw;
-  const int forced = mla_env_int(&sw, "KVA_MLA_L2", -1);
-  if (forced >= 0) return forced & 7;
-  return 7;
+  return mla_env_int(&sw, "KVA_MLA_L2", 7) & 7;
 }
 
 /* The latent tensor maps' L2 promotion (kva_mla5_kv_maps): 128 bytes

@@ -1,6 +1,8 @@
-/* The split-KV merge of one output row's 4 columns, shared by the decode
- * and MLA kernels (the CTA whose chunk of a split request finishes last
- * merges them): the chunks' partial O rows weighted by exp(LSE - max LSE).
+/* The split-KV merge of one output row's 4 columns for the decode kernel
+ * (the CTA whose chunk of a split request finishes last merges them; the
+ * MLA kernels merge with mla_chunk_end.cuh's weights, whose arithmetic
+ * their two merge paths share): the chunks' partial O rows weighted by
+ * exp(LSE - max LSE).
  * Every chunk's row is written (an empty chunk: O 0, LSE -inf). */
 #ifndef KVA_CUDA_SPLIT_MERGE_CUH
 #define KVA_CUDA_SPLIT_MERGE_CUH
