@@ -46,6 +46,14 @@ static __device__ __forceinline__ uint32_t mla_pack(float lo, float hi) {
   return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
 }
 
+/* A chunk's merge weight exp(lse - mx) from natural-log LSEs (0 when the
+ * row's largest LSE mx is -inf: every chunk empty). Every merge of split
+ * chunks weighs with it, so that they give the same bits. A macro: as an
+ * inline function the same expression moved v2's code (251 -> 254
+ * registers, +1 KB), which the H100 would have to measure. */
+#define MLA_MERGE_WEIGHT(lse, mx) \
+  ((mx) == -INFINITY ? 0.0f : kva_ex2(((lse) - (mx)) * KVA_SPLIT_LOG2E))
+
 /* Partial rows read for the last time (l2_hints bit 2): rows x 512 f32
  * from `rows0`, whole 128-byte lines (a row is 2 KB), dropped from L2 so
  * that the dirty lines are never written back to DRAM. The caller has
@@ -81,7 +89,7 @@ static __device__ void mla_merge_chunks(const kva_mla_args &a, int r, int nsplit
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int j = 0; j < nsplit; j++) {
       const float l = __ldcg(lp + j * lstride);
-      const float w = mx == -INFINITY ? 0.0f : kva_ex2((l - mx) * KVA_SPLIT_LOG2E);
+      const float w = MLA_MERGE_WEIGHT(l, mx);
       ws += w;
       const float4 v = __ldcg((const float4 *)(op + j * ostride));
       acc.x = fmaf(w, v.x, acc.x);
@@ -121,7 +129,7 @@ static __device__ void mla_merge_chunks_w(const kva_mla_args &a, int r, int nspl
     for (int j = 0; j < nsplit; j++) mx = fmaxf(mx, w[j]);
     float ws = 0.0f;
     for (int j = 0; j < nsplit; j++) {
-      const float e = mx == -INFINITY ? 0.0f : kva_ex2((w[j] - mx) * KVA_SPLIT_LOG2E);
+      const float e = MLA_MERGE_WEIGHT(w[j], mx);
       w[j] = e;
       ws += e;
     }
@@ -348,8 +356,8 @@ static __device__ __forceinline__ void mla_merge_known_last(const kva_mla_args &
     const int lr = 16 * wq + g + 8 * hf;
     const float l0 = split == 0 ? lse[hf] : lo[hf], l1 = split == 0 ? lo[hf] : lse[hf];
     const float mx = fmaxf(l0, l1);
-    const float w0 = mx == -INFINITY ? 0.0f : kva_ex2((l0 - mx) * KVA_SPLIT_LOG2E);
-    const float w1 = mx == -INFINITY ? 0.0f : kva_ex2((l1 - mx) * KVA_SPLIT_LOG2E);
+    const float w0 = MLA_MERGE_WEIGHT(l0, mx);
+    const float w1 = MLA_MERGE_WEIGHT(l1, mx);
     const float ws = w0 + w1;
     const float *row = stage + (lr < rows_here ? lr : 0) * KVA_MLA_MERGE_ROW + 256 * wg + 2 * tq;
     if (NB != 0) { /* v9: folded by the stores (mla_fold) */
