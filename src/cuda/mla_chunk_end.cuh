@@ -445,5 +445,6 @@ static __device__ __forceinline__ int mla_finish_chunk(const kva_mla_args &a, fl
 }
 
 #undef MLA_END_STAMP
+#undef MLA_MERGE_WEIGHT
 
 #endif /* KVA_CUDA_MLA_CHUNK_END_CUH */
