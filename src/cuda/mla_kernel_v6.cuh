@@ -42,7 +42,8 @@
 /* The decode timeline's stamps (trace.h), in a build with
  * -DKVA_MLA6_TIMELINE only (e.g. scripts/variant_cli.sh . NAME
  * -DKVA_MLA6_TIMELINE), so that the default kernel stays the measured one:
- * by the first O thread, which runs the chunks' ends. Never with
+ * by the first O thread, which runs the chunks' ends (word 2: its first
+ * P of the launch, "first tile landed" in scripts/dec_trace.py). Never with
  * KVA_MLA_TRACE, whose records hold v5's phase sums. */
 #if defined(KVA_MLA6_TIMELINE) && !defined(KVA_MLA_TRACE)
 #define MLA6_STAMPS true
@@ -210,6 +211,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       int nx[4]; /* rows of block j + 2, read ahead of the wait */
       mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
       kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
+      if (nchunk == 0 && j == 0) MLA6_STAMP(2, kva_globaltimer()); /* the first P */
       float cf[2];
 #pragma unroll
       for (int hf = 0; hf < 2; hf++) cf[hf] = sc[s * KVA_MLA_BM + 16 * wq + g + 8 * hf];

@@ -238,6 +238,12 @@ int main(int argc, char **argv) {
   cases.push_back({KVA_BF16, 0, 64, 64, 1, 3, 64, 1, 0.f, {1100, 500, 300}, {1, 1, 1}});
   cases.push_back({KVA_F16, 0, 64, 32, 1, 3, 64, 2, 0.f, {1200, 700, 600}, {2, 1, 2}});
   cases.push_back({KVA_BF16, 0, 64, 16, 1, 4, 64, 1, 0.f, {1500, 600}, {1, 1}});
+  /* workers of many short chunks (1-3 blocks) at 64 rows, by TMA and by
+   * cp.async (16-key pages): chunks of one block between longer ones
+   * (a tried form of v6 issued a chunk's Q and first blocks during the
+   * chunk before it; docs/performance.md, forty-sixth session) */
+  cases.push_back({KVA_BF16, 0, 64, 64, 1, 1, 64, 1, 0.f, {40, 100, 10, 130, 64, 0}, {1, 1, 1, 1, 1, 1}});
+  cases.push_back({KVA_F16, 0, 16, 64, 1, 2, 64, 1, 0.f, {40, 100, 10, 600, 64}, {1, 1, 1, 1, 1}});
   if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
     int kl = 129, w = 1; float sc = 0.f;
     sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
