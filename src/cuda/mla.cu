@@ -408,10 +408,11 @@ extern "C" int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_hea
   out->merge_many = (int32_t)(14 + pb * 337 / 100);
   /* v6 on the H200: a merge of three chunks at 64 rows measured ~27 us
    * (its partial write 4.1-4.7, the count 0.7-0.9, the merge 19-23: rounds
-   * of loads back from L2 and DRAM, as many as the rows' items), ~14 of its
-   * ~1.95 us blocks against the H100 fit's 6.8, and such merges ended the
-   * step on FlashMLA's varlen rows at sk 8192. Priced so, in proportion to
-   * the rows (2026-11-29, "Forty-seventh session") */
+   * of loads back from L2 and DRAM, as many as the rows need), ~14 of its
+   * ~1.95 us blocks against the H100 fit's 6.8; such merges ended the step
+   * on FlashMLA's varlen rows at sk 8192. Priced so, in proportion to the
+   * rows: those 64-row rows took 0.3-1.2% less time, 16 and 32 rows level
+   * (2026-11-29, docs/performance.md, "Forty-seventh session") */
   if (v6) out->merge_many = (int32_t)(14 + pb * 740 / 100);
   out->margin = out->merge;
   out->min_head = 1;
