@@ -16,17 +16,12 @@ import collections
 import statistics as st
 import sys
 
+import trace_records
+
 
 def load(path):
-    plan, rows = collections.defaultdict(list), {}
-    for line in open(path):
-        if line.startswith("#w"):
-            f = line.split()[1:]
-            plan[int(f[0])].append(tuple(map(int, f[1:])))  # request k0 k1 split nsplit
-        elif not line.startswith("#"):
-            f = [int(x) for x in line.split()]
-            if f[0] == 1:  # the last launch
-                rows[f[1]] = f
+    plan, launch = trace_records.load(path)
+    rows = {f[1]: f for f in trace_records.last_launch(launch)}
     base = min(r[3] for r in rows.values() if r[3])
     cta = {}
     for c, r in rows.items():

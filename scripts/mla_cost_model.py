@@ -29,18 +29,9 @@ import tempfile
 
 import numpy as np
 
+from trace_records import load
+
 BLOCK = 64
-
-
-def load(path):
-    sched, rows = collections.defaultdict(list), []
-    for line in open(path):
-        if line.startswith("#w"):
-            w, r, k0, k1, s, n = (int(x) for x in line.split()[1:])
-            sched[w].append((r, k0, k1, s, n))
-        elif not line.startswith("#"):
-            rows.append([int(x) for x in line.split()])
-    return sched, rows
 
 
 def blocks(k0, k1):

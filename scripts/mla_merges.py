@@ -9,18 +9,12 @@ start, 5 the other chunk's rows landed, 6 folded, 7 O written; in a merge
 from global memory: partial rows written, counted, -, merged), the CTA's
 end, and its worker's chunks (request, split, chunks of that request).
     python3 scripts/mla_merges.py FILE"""
-import collections
 import sys
 
-sched, rows = collections.defaultdict(list), []
-for line in open(sys.argv[1]):
-    if line.startswith("#w"):
-        w, r, k0, k1, s, n = (int(x) for x in line.split()[1:])
-        sched[w].append((r, k0, k1, s, n))
-    elif not line.startswith("#"):
-        rows.append([int(x) for x in line.split()])
-last = max(f[0] for f in rows)
-rows = [f for f in rows if f[0] == last]
+from trace_records import last_launch, load
+
+sched, rows = load(sys.argv[1])
+rows = last_launch(rows)
 base = min(f[3] for f in rows if f[12] > 0)
 workers = max(sched) + 1
 cuts = sum(1 for w in sched for c in sched[w] if c[3] == 0 and c[4] > 1)
