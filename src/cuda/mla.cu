@@ -10,8 +10,9 @@
  * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
  * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
  * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
- * more than 64 rows (q heads x new tokens), 16-bit or fp8 latents (fp8
- * from 33 rows); v10 fp8 batches of <= 32 rows; v2 the rest;
+ * more than 64 rows (q heads x new tokens), 16-bit or fp8 latents; v10 fp8
+ * batches of <= 32 rows; v6 the rest where the DRAM is fast (fp8 latents
+ * converted in place, mla6_fp8.cuh), else v2 (16-bit) and v9 (fp8);
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
@@ -84,7 +85,7 @@ static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, uns
   return KVA_OK;
 }
 
-/* ver: 2, 5, 6, 9 or 10 (5, 6: 16-bit latents only; fp8 runs v2, v9 or
+/* ver: 2, 5, 6, 9 or 10 (5: 16-bit latents only; fp8 runs v2, v6, v9 or
  * v10; v10 fp8 only, nq its rows a CTA) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, unsigned gx,
@@ -95,17 +96,20 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, 
   int smem = KVA_MLA_SMEM(KV8), threads = KVA_MLA_THREADS;
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
-  /* v5's and v6's instantiations: cp.async only, nine TMA boxes a block,
-   * four V column blocks a box (kv_tma 0, 1, 4) */
+  /* v5's, v6's and v9's instantiations: cp.async only, nine TMA boxes a
+   * block, four V column blocks a box (kv_tma 0, 1, 4); fp8 latents come
+   * by bulk copies only (v6, v9) */
   void (*const v56_fn[3][3])(kva_mla_args) = {
       {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>, kva_mla_kernel_v5<QT, 4>},
-      {kva_mla_kernel_v6<QT, 0>, kva_mla_kernel_v6<QT, 1>, kva_mla_kernel_v6<QT, 4>},
+      {KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 0>,
+       KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 1>,
+       KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 4>},
       {KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 0>,
        KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 1>,
        KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 4>}};
   const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
   const int v6 = ver == 6 ? 1 : ver == 9 ? 2 : 0; /* row of v56_fn */
-  if (KV8 && ver != 9) ver = 2;
+  if (KV8 && ver != 6 && ver != 9) ver = 2;
   if (ver == 5 || ver == 6 || ver == 9) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
@@ -294,12 +298,14 @@ static int64_t mla_block_bytes(int block) {
  * before the write and its prices, kva_cuda_mla_split_costs). So v6 from 28 GB/s
  * of peak bandwidth per SM, pools of whole 64-key pages (its TMA boxes);
  * KVA_MLA_SMALL=2|6 forces one (A/B). */
+static int mla_fast_dram(const kva_cuda_state *cs) {
+  return cs->mem_gbps > 0 && cs->mem_gbps >= 28 * cs->num_sms;
+}
 static int mla_small_kernel(const kva_cuda_state *cs, int page_size) {
   static mla_env_switch sw;
   const int forced = mla_env_int(&sw, "KVA_MLA_SMALL", 0);
   if (forced == 2 || forced == 6) return forced;
-  const int fast_dram = cs->mem_gbps > 0 && cs->mem_gbps >= 28 * cs->num_sms;
-  return fast_dram && page_size % KVA_MLA5_BN == 0 ? 6 : 2;
+  return mla_fast_dram(cs) && page_size % KVA_MLA5_BN == 0 ? 6 : 2;
 }
 
 /* The kernel of a batch of hq x max_q rows: KVA_MLA_KERNEL if set, else by
@@ -319,13 +325,22 @@ static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8,
    * mla_small_kernel (the ~0.65 of copy that v6/v9 once streamed at 64
    * rows on the H100 was their tile clustered with idle capacity tiles) */
   if (rows > KVA_MLA_BM) return 9;
-  /* fp8 latents at up to 64 rows: v9's byte stages (kva_mla_kernel_v9's
-   * KV8) at 33-64 rows, 5-12% less time than v10's 64-row tile on
-   * FlashMLA's eight fp8 rows of 64 rows (H100, 2026-11-28, "Thirty-ninth
-   * session"; at 128 and 256 rows +42-45% over v2, "Thirty-second
-   * session"). Up to 32 rows v10 (keys as M: the tensor work follows the
-   * rows; 1.6-1.7x faster than v9 there). */
-  if (kv8) return rows <= 32 ? 10 : 9;
+  /* fp8 latents at up to 64 rows. Up to 32 rows v10 (keys as M: the
+   * tensor work follows the rows; 1.6-1.7x faster than v9 there). At
+   * 33-64 rows, where the DRAM is fast (as mla_small_kernel), v6's
+   * conversion in place (kva_mla_kernel_v6's KV8): 13-16% less time than
+   * v9 on FlashMLA's fp8 rows of 64 rows (H200, 2026-11-29, 3 samples
+   * ABBA, "Forty-eighth session"); else v9's byte stages (kva_mla_kernel_v9's
+   * KV8), 5-12% less time than v10's 64-row tile there (H100,
+   * 2026-11-28, "Thirty-ninth session"; v6 unmeasured on the H100).
+   * KVA_MLA_F8_SMALL=6|9 forces one at 33-64 rows (A/B). */
+  if (kv8) {
+    static mla_env_switch sw8;
+    const int f8 = mla_env_int(&sw8, "KVA_MLA_F8_SMALL", 0);
+    if (rows <= 32) return 10;
+    if (f8 == 6 || f8 == 9) return f8;
+    return mla_fast_dram(cs) ? 6 : 9;
+  }
   return mla_small_kernel(cs, page_size);
 }
 
@@ -470,7 +485,7 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
    * rows runs tiles of 64) */
   const int nq10 = batch_rows <= 16 ? 16 : batch_rows <= 32 || mla_v10_tile32() ? 32 : 64;
   if ((ver == 5 && (kv8 || KVA_MLA5_SMEM > cs->max_smem_optin)) ||
-      (ver == 6 && (kv8 || KVA_MLA6_SMEM > cs->max_smem_optin)) ||
+      (ver == 6 && KVA_MLA6_SMEM > cs->max_smem_optin) ||
       (ver == 9 && KVA_MLA9_SMEM > cs->max_smem_optin) ||
       (ver == 10 && (!kv8 || KVA_MLA10_SMEM(nq10) > cs->max_smem_optin)))
     ver = 2;

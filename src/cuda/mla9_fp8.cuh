@@ -21,24 +21,34 @@
  * dst8; ct: the O thread (0..255). Threads of the first 64 rows that
  * start a page run (or the block) copy it; all arrive on `full`. PRE: the
  * thread's page-table entry was read ahead (mla9_fill_page) into page. */
+/* Thread ct's page run of the 64-key block at kt (keys below k1): 1 when
+ * it starts one (ct 0, or its key opens a page), with the run's page index
+ * in the request's page table, its first key's offset in that page and its
+ * keys; else 0. */
+static __device__ __forceinline__ int mla9_page_run(int kt, int k1, const kva_mla_args &a, int ct,
+                                                    int *pg, int *off, int *n) {
+  const int key = kt + ct;
+  if (ct >= KVA_MLA5_BN || key >= k1) return 0;
+  *pg = (int)((__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift);
+  *off = key - *pg * a.page_size;
+  if (ct != 0 && *off != 0) return 0;
+  int m = a.page_size - *off;
+  if (m > k1 - key) m = k1 - key;
+  if (m > KVA_MLA5_BN - ct) m = KVA_MLA5_BN - ct;
+  *n = m;
+  return 1;
+}
 template <bool PRE>
 static __device__ __forceinline__ void mla9_issue_f8_pt(uint32_t dst8, uint32_t full,
                                                         const unsigned char *kv, const int32_t *pt,
                                                         int32_t page, int kt, int k1,
                                                         const kva_mla_args &a, int ct) {
-  const int key = kt + ct;
-  if (ct < KVA_MLA5_BN && key < k1) {
-    const int pg = (int)((__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift);
-    const int off = key - pg * a.page_size;
-    if (ct == 0 || off == 0) {
-      int n = a.page_size - off;
-      if (n > k1 - key) n = k1 - key;
-      if (n > KVA_MLA5_BN - ct) n = KVA_MLA5_BN - ct;
-      const int64_t slot = (int64_t)(PRE ? page : __ldg(pt + pg)) * a.page_size + off;
-      kva_mbar_arrive_expect_tx(full, (uint32_t)(n * KVA_MLA_D));
-      kva_bulk_load(dst8 + ct * KVA_MLA_D, kv + slot * KVA_MLA_D, (unsigned)(n * KVA_MLA_D), full);
-      return;
-    }
+  int pg, off, n;
+  if (mla9_page_run(kt, k1, a, ct, &pg, &off, &n)) {
+    const int64_t slot = (int64_t)(PRE ? page : __ldg(pt + pg)) * a.page_size + off;
+    kva_mbar_arrive_expect_tx(full, (uint32_t)(n * KVA_MLA_D));
+    kva_bulk_load(dst8 + ct * KVA_MLA_D, kv + slot * KVA_MLA_D, (unsigned)(n * KVA_MLA_D), full);
+    return;
   }
   kva_mbar_arrive(full);
 }
@@ -53,12 +63,8 @@ static __device__ __forceinline__ void mla9_issue_f8(uint32_t dst8, uint32_t ful
  * early). */
 static __device__ __forceinline__ int32_t mla9_fill_page(const int32_t *pt, int kt, int k1,
                                                          const kva_mla_args &a, int ct) {
-  const int key = kt + ct;
-  if (ct < KVA_MLA5_BN && key < k1) {
-    const int pg = (int)((__umulhi((uint32_t)key, a.ps_mul) + (uint32_t)key) >> a.ps_shift);
-    if (ct == 0 || key - pg * a.page_size == 0) return __ldg(pt + pg);
-  }
-  return 0;
+  int pg, off, n;
+  return mla9_page_run(kt, k1, a, ct, &pg, &off, &n) ? __ldg(pt + pg) : 0;
 }
 /* The byte stage p_st8 (its fill landed: `full` waited) into the 16-bit
  * stage p_st: row tw / 2 of warpgroup h's column blocks (0..3 and 8; 4..7),

@@ -284,14 +284,15 @@ static __device__ __forceinline__ void mla5_s_begin(float s[32]) {
 
 /* S's k-steps over column block k once it landed (first: the block that
  * starts the sum). fence 0: the block came by TMA (the async proxy wrote
- * it; v6 skips the fence then, v5 always fences). */
-template <int QT>
+ * it; v6 skips the fence then, v5 always fences). WAIT false: the caller
+ * waited for the whole block (v6's fp8 latents, converted in place). */
+template <int QT, bool WAIT = true>
 static __device__ __forceinline__ void mla5_s_cols(float s[32], uint32_t s_q, uint32_t s_k,
                                                    uint32_t bar0, uint32_t parity, int k,
                                                    int first, unsigned *mla5_tr, int fence = 1) {
   const uint64_t dq = mla_desc(s_q, 16, 1024), dk = mla_desc(s_k, 16, 1024);
   MLA5_CLK(tw0);
-  kva_mbar_wait(bar0 + 8 * k, parity);
+  if (WAIT) kva_mbar_wait(bar0 + 8 * k, parity);
   MLA5_CLK(tw1);
   MLA5_ACC(1, tw1 - tw0);
   if (fence) kva_fence_proxy_async_smem(); /* cp.async data -> wgmma */

@@ -1,8 +1,8 @@
-/* MLA decode v6: one warpgroup makes S and P, two own O. 16-bit latents
- * only (fp8 pools keep v2). Same grid, arguments, split walk, loads (v5's
- * 64-key blocks in two 72 KB stages, TMA or cp.async, mla5_rows /
- * mla5_copy), partial rows, in-kernel merge, causal mask, LSE and PDL as
- * v5; 384 threads.
+/* MLA decode v6: one warpgroup makes S and P, two own O. 16-bit latents,
+ * or fp8 converted in place (KV8, mla6_fp8.cuh). Same grid, arguments,
+ * split walk, loads (v5's 64-key blocks in two 72 KB stages, TMA or
+ * cp.async, mla5_rows / mla5_copy), partial rows, in-kernel merge, causal
+ * mask, LSE and PDL as v5; 384 threads.
  *
  * Warpgroup 0 (S, 104 registers): per 64-key block j in stage j % 2,
  * S = Q K^T (36 ss k-steps, each column block as soon as it landed), the
@@ -39,6 +39,8 @@
 #define KVA_MLA6_S_REGS 104
 #define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
 
+#include "cuda/mla6_fp8.cuh"
+
 /* The decode timeline's stamps (trace.h), in a build with
  * -DKVA_MLA6_TIMELINE only (e.g. scripts/variant_cli.sh . NAME
  * -DKVA_MLA6_TIMELINE), so that the default kernel stays the measured one:
@@ -55,10 +57,19 @@
   } while (0)
 #endif
 
-template <int QT, int TMA>
+/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage by
+ * the O warpgroups: block j + 1 (its stage freed by P V(j - 1)) before
+ * they wait for P(j), so under S(j) and the softmax (after they issue P
+ * V(j) measured 1-2% slower; an arrival for column blocks 0..3 ahead of
+ * 4..8, so that S starts sooner, 4% slower; H200, 2026-11-29). The tensor
+ * cores run f16 whatever Q's type (a bf16 Q converted in place by
+ * warpgroup 0, mla6_q_to_f16). */
+template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
+  constexpr int MT = KV8 ? KVA_F16 : QT; /* the tensor cores' type */
+  static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
   static_assert(KVA_MLA6_SMEM <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
   const uint32_t s_raw = kva_smem_u32(smem);
@@ -102,6 +113,12 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   if (tid == 0) {
     mla5_init<TMA>(s_bar, 22, a);
     kva_mbar_init(stats_empty, KVA_MLA_THREADS);
+    if (KV8)
+#pragma unroll
+      for (int s = 0; s < 2; s++) { /* both O warpgroups arrive on these */
+        kva_mbar_init(MLA6_F8_CONVERTED(s_bar, s), KVA_MLA_THREADS);
+        kva_mbar_init(MLA6_F8_BYTES(s_bar, s), KVA_MLA_THREADS);
+      }
   }
   __syncthreads(); /* the inits are seen by every thread */
 
@@ -109,6 +126,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   int f0 = 0, f1 = 0, nq = 0, nchunk = 0;
   if (wg == 0) {
     kva_setmaxnreg_dec<KVA_MLA6_S_REGS>();
+    /* a bf16 Q in f16 is Q 2^-KVA_MLA_FP8_Q_SHIFT (mla_q_f16x2) */
+    const float qk_mul = MT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla5_chunk c;
       if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
@@ -118,7 +137,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
       if (c.nblk > 0) {
         kva_mbar_wait(s_bar, (uint32_t)(nq & 1)); /* Q */
-        kva_fence_proxy_async_smem();              /* Q came by cp.async */
+        if (MT != QT) mla6_q_to_f16(p_q, tid);
+        kva_fence_proxy_async_smem(); /* Q came by cp.async */
+        if (MT != QT) mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2); /* all of Q in f16 */
       }
       for (int j = 0; j < c.nblk; j++) {
         const int s = j & 1;
@@ -126,13 +147,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         const uint32_t par = (uint32_t)(((s ? f1 : f0) + (j >> 1)) & 1);
         /* a TMA block needs no proxy fence before its wgmmas (the async
          * proxy wrote it; H100: 4-6% of a probe's time, bench/mla_v6_probe.cu) */
-        const int fence = !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
+        const int fence = !KV8 && !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
         float sacc[32], cf[2];
         uint32_t pk[8][2];
+        if (KV8) kva_mbar_wait(MLA6_F8_CONVERTED(s_bar, s), par); /* converters fenced */
         mla5_s_begin(sacc);
 #pragma unroll
         for (int k = 0; k < 9; k++)
-          mla5_s_cols<QT>(sacc, s_q, st, bar, par, k, k == 0, mla5_tr, fence);
+          mla5_s_cols<MT, !KV8>(sacc, s_q, st, bar, par, k, k == 0, mla5_tr, fence);
         kva_wgmma_commit();
         kva_wgmma_wait<0>();
 #pragma unroll
@@ -141,8 +163,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
          * columns it reads (the emulator caught keys 32..63 of a block read
          * after warp 2 had stored its P rows there) */
         mla_bar_sync(KVA_MLA6_BAR_S, KVA_MLA_THREADS / 2);
-        mla_softmax_tile<QT, 8, false>(sacc, m, l, cf, pk, c.k0 + j * BN, c.k1, c.cached, pos, a,
-                                       a.qk_mul, tq);
+        mla_softmax_tile<MT, 8, false>(sacc, m, l, cf, pk, c.k0 + j * BN, c.k1, c.cached, pos, a,
+                                       qk_mul, tq);
         /* rows past the tile's (their logits are 0, so P is 1 there) get P =
          * 0: their P V then multiplies zeros, which draws less power (the
          * H200 under sustained load runs at its 700 W cap) */
@@ -199,8 +221,18 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       /* Q (both warpgroups), blocks 0 and 1 (each its column blocks) */
       mla_issue_q(s_q, a, c.tok0, row0, c.rows, ct);
       kva_cp_async_mbar_arrive_noinc(s_bar);
-      mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
-      if (c.nblk > 1) mla5_load<TMA>(s_st0 + TILE, s_bar + 80, kvg, c.pt, c.k0 + BN, c.k1, a, h, tw);
+      if (KV8) {
+        mla6_fill_f8(s_st0, s_bar, 0, kvg, c.pt, c.k0, c.k1, a, ct);
+        if (c.nblk > 1) mla6_fill_f8(s_st0 + TILE, s_bar, 1, kvg, c.pt, c.k0 + BN, c.k1, a, ct);
+#pragma unroll
+        for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
+          if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
+        mla6_take_f8(p_st0, s_bar, 0, (uint32_t)(f0 & 1), c.k0, c.k1, ct);
+      } else {
+        mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
+        if (c.nblk > 1)
+          mla5_load<TMA>(s_st0 + TILE, s_bar + 80, kvg, c.pt, c.k0 + BN, c.k1, a, h, tw);
+      }
     }
     for (int j = 0; j < c.nblk; j++) {
       const int s = j & 1;
@@ -209,7 +241,10 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       const int kt = c.k0 + j * BN;
       const bool more = j + 2 < c.nblk;
       int nx[4]; /* rows of block j + 2, read ahead of the wait */
-      mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
+      if (!KV8) mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
+      if (KV8 && j + 1 < c.nblk) /* block j + 1 under S(j) */
+        mla6_take_f8(p_st0, s_bar, s ^ 1, (uint32_t)(((s ? f0 : f1) + ((j + 1) >> 1)) & 1), kt + BN,
+                     c.k1, ct);
       kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
       if (nchunk == 0 && j == 0) MLA6_STAMP(2, kva_globaltimer()); /* the first P */
       float cf[2];
@@ -218,12 +253,19 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       if (__any_sync(0xffffffffu, cf[0] != 1.0f || cf[1] != 1.0f)) mla_scale_o(o, cf);
       /* V of a cp.async block landed for warpgroup 0's S: fenced for this
        * warpgroup's wgmma (P's generic stores were fenced by their writers) */
-      if (!mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
-      mla5_pv_ss<QT>(o, st + 8 * KB, st, h);
+      if (!KV8 && !mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
+      mla5_pv_ss<MT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla_fence_o(o);
       mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
-      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
+      if (more) {
+        if (KV8) {
+          mla6_fill_f8(st, s_bar, s, kvg, c.pt, kt + 2 * BN, c.k1, a, ct);
+          if (j + 2 + KVA_MLA6_F8_PF < c.nblk)
+            mla6_prefetch_f8(kvg, c.pt, kt + (2 + KVA_MLA6_F8_PF) * BN, c.k1, a, ct);
+        } else
+          mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
+      }
     }
     MLA6_STAMP(3, kva_globaltimer());
     kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */

@@ -20,9 +20,10 @@ void kva_bulk_prefetch_l2(const void *p, unsigned bytes) {
   g_prefetch_bytes += bytes;
 }
 static unsigned g_y;
-/* EMU_MLA_KERNEL=v2|v5|v6|v9|v10: the kernel (default v2); v5 and v6 run
- * 16-bit latents, fp8 cases stay on v2 there (as mla.cu dispatches); v9
- * runs fp8 latents too; v10 runs the fp8 cases only (16-bit ones on v2) */
+/* EMU_MLA_KERNEL=v2|v5|v6|v9|v10: the kernel (default v2); v5 runs
+ * 16-bit latents, fp8 cases stay on v2 there (as mla.cu dispatches); v6
+ * and v9 run fp8 latents too; v10 runs the fp8 cases only (16-bit ones on
+ * v2) */
 static int g_ver = 2, g_run_ver = 2;
 /* v10 (fp8 latents only; other cases run v2): rows a row tile, 16, 32 or 64 */
 static int g_nq10 = 16;
@@ -43,6 +44,8 @@ static void body() {
                        : kva_mla_kernel_v9<QT, 0>(g_args);
   else if (g_run_ver == 9)
     kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
+  else if (g_run_ver == 6)
+    kva_mla_kernel_v6<QT, 0, 1>(g_args); /* fp8 latents: bulk copies only */
   else if (g_run_ver == 10 && g_nq10 == 16)
     kva_mla_kernel_v10<QT, 16, KVA_MLA10_SWG16>(g_args);
   else if (g_run_ver == 10 && g_nq10 == 32)
@@ -97,8 +100,8 @@ static int run_case(const Case &c, int idx) {
   a.causal = c.causal;
   a.l2_hints = (int)(rnd() % 8); /* policies are no-ops here; the code paths run; bit 2's
                                     discard writes NaN over merged partial rows */
-  /* fp8 latents: v2, or v9's byte stages */
-  g_run_ver = g_ver >= 5 && g_ver != 9 && c.kv8 ? 2 : g_ver;
+  /* fp8 latents: v2, v6's in-place conversion or v9's byte stages */
+  g_run_ver = g_ver == 5 && c.kv8 ? 2 : g_ver;
   if (g_ver == 10) g_run_ver = c.kv8 ? 10 : 2;
   /* the prefetch (mla.cu sets 128 keys at <= 32 rows): none, short, long */
   static const int pre_keys[4] = {0, 16, 128, 5000};
