@@ -407,7 +407,11 @@ extern "C" int kva_cuda_mla_split_costs(const kva_cuda_state *cs, int num_qo_hea
    * priced as v2's or with every merge from global memory (v5 has no merge
    * before the write) */
   if (rows >= 2 * KVA_MLA_BM) return 0;
-  /* KVA_MLA6_COSTED=0: v6's batches keep the packed walk (A/B) */
+  /* KVA_MLA6_COSTED=0: v6's batches keep the packed walk (A/B). v6's
+   * prices below are its 16-bit batches'; its fp8 ones (~2.6 us a block)
+   * keep the fit's: v6's 16-bit prices measured 2-4% slower on FlashMLA's
+   * fp8 varlen rows of 64 rows, scaled to the block 0-1.4% (H200,
+   * 2026-11-29, "Forty-eighth session") */
   static mla_env_switch sw6;
   const int v6 = !kv8 && mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6;
   if (v6 && !mla_env_int(&sw6, "KVA_MLA6_COSTED", 1)) return 0;
