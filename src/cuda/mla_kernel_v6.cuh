@@ -289,8 +289,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         a, o, lt, m, c.r, c.split, c.nsplit, known_last, c.nt, c.tok0, row0, c.rows, ct, h, wq, g,
         tq, flag, (float *)p_st0, (size_t)(2 * TILE));
     /* the merge's scratch (generic writes) before the next chunk's TMA
-     * writes there */
-    if (TMA && a.kv_tma) kva_fence_proxy_async_smem();
+     * or (KV8) bulk copies write there */
+    if ((TMA && a.kv_tma) || KV8) kva_fence_proxy_async_smem();
     mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* flag read; stages free */
     if (c.nblk > 0) {
       f0 += (c.nblk + 1) >> 1;
