@@ -22,6 +22,8 @@
  * arrivals); the other seven slots are unused. */
 #define MLA6_F8_CONVERTED(s_bar, s) ((s_bar) + 8 + 72 * (s))
 #define MLA6_F8_BYTES(s_bar, s) ((s_bar) + 16 + 72 * (s))
+/* their indices (1 + 9 s + k) as mla5_init's `wide` mask */
+#define MLA6_F8_WIDE ((1u << 1) | (1u << 2) | (1u << 10) | (1u << 11))
 
 /* The block at kt (keys from k1 on: not copied) as bytes into stage st's
  * upper half; every O thread (ct 0..255) arrives once. */

@@ -365,13 +365,16 @@ static __device__ __forceinline__ int mla5_chunk_at(const kva_mla_args &a,
 }
 
 /* One thread's CTA setup (v5, v6): the mbarriers at s_bar, Q's first
- * (KVA_MLA_THREADS arrivals) and nbars - 1 of a warpgroup's 128, and the
- * TMA builds' tensor maps prefetched. */
+ * (KVA_MLA_THREADS arrivals) and nbars - 1 of a warpgroup's 128 (of
+ * KVA_MLA_THREADS where bit i of wide is set), and the TMA builds' tensor
+ * maps prefetched. */
 template <int TMA>
-static __device__ __forceinline__ void mla5_init(uint32_t s_bar, int nbars, const kva_mla_args &a) {
+static __device__ __forceinline__ void mla5_init(uint32_t s_bar, int nbars, const kva_mla_args &a,
+                                                 uint32_t wide = 0) {
   kva_mbar_init(s_bar, KVA_MLA_THREADS);
 #pragma unroll
-  for (int i = 1; i < nbars; i++) kva_mbar_init(s_bar + 8 * i, KVA_MLA_THREADS / 2);
+  for (int i = 1; i < nbars; i++)
+    kva_mbar_init(s_bar + 8 * i, (wide >> i) & 1u ? KVA_MLA_THREADS : KVA_MLA_THREADS / 2);
   if (TMA && a.kv_tma) {
     kva_tma_prefetch_map(&a.kv_map);
     if (TMA == 4) kva_tma_prefetch_map(&a.kv_map4);

@@ -64,6 +64,12 @@
  * 4..8, so that S starts sooner, 4% slower; H200, 2026-11-29). The tensor
  * cores run f16 whatever Q's type (a bf16 Q converted in place by
  * warpgroup 0, mla6_q_to_f16). */
+/* The phase parity of a chunk's block j in stage j % 2, whose fills
+ * before the chunk were f0 and f1. */
+static __device__ __forceinline__ uint32_t mla6_parity(int f0, int f1, int j) {
+  return (uint32_t)((((j & 1) ? f1 : f0) + (j >> 1)) & 1);
+}
+
 template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
@@ -111,14 +117,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   }
   const kva_split_work wk = a.sched[blockIdx.x];
   if (tid == 0) {
-    mla5_init<TMA>(s_bar, 22, a);
+    /* KV8: both O warpgroups arrive on the stages' converted and bytes */
+    mla5_init<TMA>(s_bar, 22, a, KV8 ? MLA6_F8_WIDE : 0u);
     kva_mbar_init(stats_empty, KVA_MLA_THREADS);
-    if (KV8)
-#pragma unroll
-      for (int s = 0; s < 2; s++) { /* both O warpgroups arrive on these */
-        kva_mbar_init(MLA6_F8_CONVERTED(s_bar, s), KVA_MLA_THREADS);
-        kva_mbar_init(MLA6_F8_BYTES(s_bar, s), KVA_MLA_THREADS);
-      }
   }
   __syncthreads(); /* the inits are seen by every thread */
 
@@ -144,7 +145,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       for (int j = 0; j < c.nblk; j++) {
         const int s = j & 1;
         const uint32_t st = s_st0 + s * TILE, bar = s_bar + 8 + 72 * s;
-        const uint32_t par = (uint32_t)(((s ? f1 : f0) + (j >> 1)) & 1);
+        const uint32_t par = mla6_parity(f0, f1, j);
         /* a TMA block needs no proxy fence before its wgmmas (the async
          * proxy wrote it; H100: 4-6% of a probe's time, bench/mla_v6_probe.cu) */
         const int fence = !KV8 && !mla5_tma_block<TMA>(a, c.k0 + j * BN, c.k1);
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
 #pragma unroll
         for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
           if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
-        mla6_take_f8(p_st0, s_bar, 0, (uint32_t)(f0 & 1), c.k0, c.k1, ct);
+        mla6_take_f8(p_st0, s_bar, 0, mla6_parity(f0, f1, 0), c.k0, c.k1, ct);
       } else {
         mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
         if (c.nblk > 1)
@@ -237,14 +238,13 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     for (int j = 0; j < c.nblk; j++) {
       const int s = j & 1;
       const uint32_t st = s_st0 + s * TILE, bar = s_bar + 8 + 72 * s;
-      const uint32_t par = (uint32_t)(((s ? f1 : f0) + (j >> 1)) & 1);
+      const uint32_t par = mla6_parity(f0, f1, j);
       const int kt = c.k0 + j * BN;
       const bool more = j + 2 < c.nblk;
       int nx[4]; /* rows of block j + 2, read ahead of the wait */
       if (!KV8) mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
       if (KV8 && j + 1 < c.nblk) /* block j + 1 under S(j) */
-        mla6_take_f8(p_st0, s_bar, s ^ 1, (uint32_t)(((s ? f0 : f1) + ((j + 1) >> 1)) & 1), kt + BN,
-                     c.k1, ct);
+        mla6_take_f8(p_st0, s_bar, s ^ 1, mla6_parity(f0, f1, j + 1), kt + BN, c.k1, ct);
       kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
       if (nchunk == 0 && j == 0) MLA6_STAMP(2, kva_globaltimer()); /* the first P */
       float cf[2];
