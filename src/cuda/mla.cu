@@ -12,7 +12,7 @@
  * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
  * more than 64 rows (q heads x new tokens), 16-bit or fp8 latents; v10 fp8
  * batches of <= 32 rows; v6 the rest where the DRAM is fast (fp8 latents
- * converted in place, mla6_fp8.cuh), else v2 (16-bit) and v9 (fp8);
+ * converted in place by a fourth warpgroup), else v2 (16-bit) and v9 (fp8);
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's
@@ -114,7 +114,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, 
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
     smem = v6 == 2 ? KVA_MLA9_SMEM : v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
-    threads = v6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS;
+    threads = v6 == 1 ? KVA_MLA6_THREADS_OF(KV8) : v6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS;
     fn = v56_fn[v6][var];
     optin = optin_v56[v6][var];
   }
@@ -330,7 +330,8 @@ static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8,
    * 33-64 rows, where the DRAM is fast (as mla_small_kernel), v6's
    * conversion in place (kva_mla_kernel_v6's KV8): 13-16% less time than
    * v9 on FlashMLA's fp8 rows of 64 rows (H200, 2026-11-29, 3 samples
-   * ABBA, "Forty-eighth session"); else v9's byte stages (kva_mla_kernel_v9's
+   * ABBA, "Forty-eighth session"), 9-10% less again with its converter
+   * warpgroup ("Forty-ninth session"); else v9's byte stages (kva_mla_kernel_v9's
    * KV8), 5-12% less time than v10's 64-row tile there (H100,
    * 2026-11-28, "Thirty-ninth session"; v6 unmeasured on the H100).
    * KVA_MLA_F8_SMALL=6|9 forces one at 33-64 rows (A/B). */

@@ -7,8 +7,10 @@
  * The bytes come as [64 keys][576 B] at KVA_MLA6_F8_AT = 36 KB (1-D bulk
  * copies by page run, mla9_issue_f8_pt). Column blocks 0..3 are written
  * below 32 KB and never touch the bytes; 4..8 are written over them, so
- * every O thread first loads its bytes of 4..8 into registers (5 x 16 B),
- * the O warpgroups meet on their named barrier, and then the writes go. */
+ * every converting thread first loads its bytes of 4..8 into registers
+ * (5 x 16 B a key), the converters meet on their named barrier, and then
+ * the writes go. The converters: the converter warpgroup
+ * (KVA_MLA6_F8_CONV, mla_kernel_v6.cuh), or the two O warpgroups. */
 #ifndef KVA_CUDA_MLA6_FP8_CUH
 #define KVA_CUDA_MLA6_FP8_CUH
 
@@ -17,16 +19,27 @@
 #define KVA_MLA6_F8_AT (KVA_MLA5_TILE - KVA_MLA5_BN * KVA_MLA_D) /* 36864 */
 
 /* KV8's mbarriers of stage s, in its column blocks' slots 0 (converted:
- * the 256 O threads arrive after their stores and fence; warpgroup 0
- * waits once a block) and 1 (bytes: the bulk copies' transactions and 256
- * arrivals); the other seven slots are unused. */
+ * the converting threads arrive after their stores and fence; warpgroup 0
+ * waits once a block) and 1 (bytes: the bulk copies' transactions and an
+ * arrival of each filling thread); the other seven slots are unused but
+ * slot 2 (below). */
 #define MLA6_F8_CONVERTED(s_bar, s) ((s_bar) + 8 + 72 * (s))
 #define MLA6_F8_BYTES(s_bar, s) ((s_bar) + 16 + 72 * (s))
-/* their indices (1 + 9 s + k) as mla5_init's `wide` mask */
-#define MLA6_F8_WIDE ((1u << 1) | (1u << 2) | (1u << 10) | (1u << 11))
+/* With the converter warpgroup (KVA_MLA6_F8_CONV): `converted` and `bytes`
+ * take 128 arrivals (the converter's, or the fills of warpgroup 1's
+ * threads), and slot 2 is the stage's `empty` (the 256 O threads arrive
+ * once their P V read it, for the fill two blocks on). */
+#define MLA6_F8_EMPTY(s_bar, s) ((s_bar) + 24 + 72 * (s))
+/* the 256-arrival barriers' indices (1 + 9 s + k) as mla5_init's `wide` mask */
+#define MLA6_F8_WIDE                                                           \
+  (KVA_MLA6_F8_CONV ? (1u << 3) | (1u << 12)                                    \
+                    : (1u << 1) | (1u << 2) | (1u << 10) | (1u << 11))
+/* the converter warpgroup's named barrier */
+#define KVA_MLA6_BAR_C 4
 
 /* The block at kt (keys from k1 on: not copied) as bytes into stage st's
- * upper half; every O thread (ct 0..255) arrives once. */
+ * upper half; every filling thread ct arrives once (ct < 64 start the
+ * page runs' copies). */
 static __device__ __forceinline__ void mla6_fill_f8(uint32_t st, uint32_t s_bar, int s,
                                                     const unsigned char *kv, const int32_t *pt,
                                                     int kt, int k1, const kva_mla_args &a,
@@ -54,39 +67,54 @@ static __device__ __forceinline__ void mla6_prefetch_f8(const unsigned char *kv,
 }
 
 /* Stage s's bytes, once landed (par: the parity of the stage's fill),
- * -> its nine f16 column blocks in place. O thread ct takes key r = ct / 4
- * and 16 bytes (16 dims) at 16 (ct % 4) of each column block: one 16-byte
- * load (a warp's eight rows fall on both bank halves: 576 B a row) and two
- * 16-byte stores at units 2q, 2q + 1 of the row, swizzled by r % 8
+ * -> its nine f16 column blocks in place, by NT threads ct (256: the O
+ * warpgroups, barrier BAR between them; 128: the converter warpgroup).
+ * Thread ct + NT u (u < 256 / NT) takes key r = (ct + NT u) / 4 and 16
+ * bytes (16 dims) at 16 (ct % 4) of each column block: one 16-byte load (a
+ * warp's eight rows fall on both bank halves: 576 B a row) and two 16-byte
+ * stores at units 2q, 2q + 1 of the row, swizzled by r % 8
  * (conflict-free). Keys at or past k1 are written as zeros (the copies
  * left stale bytes there, and a masked P of 0 times a NaN would still be
  * NaN). Ends with the stores fenced for the wgmmas and this thread's
  * arrival on `converted`. */
+template <int NT, int BAR>
 static __device__ __forceinline__ void mla6_take_f8(unsigned char *p_st0, uint32_t s_bar, int s,
                                                     uint32_t par, int kt, int k1, int ct) {
+  constexpr int NU = 256 / NT;
   kva_mbar_wait(MLA6_F8_BYTES(s_bar, s), par);
-  const int r = ct >> 2, q = ct & 3;
-  const bool live = kt + r < k1;
-  unsigned char *const dst = p_st0 + s * KVA_MLA5_TILE + r * 128;
-  const unsigned char *const src = p_st0 + s * KVA_MLA5_TILE + KVA_MLA6_F8_AT + r * KVA_MLA_D + 16 * q;
-  const int x0 = ((2 * q) ^ (r & 7)) << 4, x1 = ((2 * q + 1) ^ (r & 7)) << 4;
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-  uint4 hi[5]; /* column blocks 4..8: their f16 goes over the bytes */
+  const int q = ct & 3;
+  uint4 hi[NU][5]; /* column blocks 4..8: their f16 goes over the bytes */
 #pragma unroll
-  for (int k = 0; k < 5; k++) hi[k] = live ? *(const uint4 *)(src + 64 * (k + 4)) : zero;
+  for (int u = 0; u < NU; u++) {
+    const int r = (ct + NT * u) >> 2;
+    const bool live = kt + r < k1;
+    unsigned char *const dst = p_st0 + s * KVA_MLA5_TILE + r * 128;
+    const unsigned char *const src =
+        p_st0 + s * KVA_MLA5_TILE + KVA_MLA6_F8_AT + r * KVA_MLA_D + 16 * q;
+    const int x0 = ((2 * q) ^ (r & 7)) << 4, x1 = ((2 * q + 1) ^ (r & 7)) << 4;
 #pragma unroll
-  for (int k = 0; k < 4; k++) {
-    const uint4 x = live ? *(const uint4 *)(src + 64 * k) : zero;
-    unsigned char *const d = dst + k * KVA_MLA5_KBLK;
-    *(uint4 *)(d + x0) = mla_e4m3x8<KVA_F16>(x.x, x.y);
-    *(uint4 *)(d + x1) = mla_e4m3x8<KVA_F16>(x.z, x.w);
+    for (int k = 0; k < 5; k++) hi[u][k] = live ? *(const uint4 *)(src + 64 * (k + 4)) : zero;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const uint4 x = live ? *(const uint4 *)(src + 64 * k) : zero;
+      unsigned char *const d = dst + k * KVA_MLA5_KBLK;
+      *(uint4 *)(d + x0) = mla_e4m3x8<KVA_F16>(x.x, x.y);
+      *(uint4 *)(d + x1) = mla_e4m3x8<KVA_F16>(x.z, x.w);
+    }
   }
-  mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* every thread's bytes of 4..8 are read */
+  mla_bar_sync(BAR, NT); /* every thread's bytes of 4..8 are read */
 #pragma unroll
-  for (int k = 0; k < 5; k++) {
-    unsigned char *const d = dst + (k + 4) * KVA_MLA5_KBLK;
-    *(uint4 *)(d + x0) = mla_e4m3x8<KVA_F16>(hi[k].x, hi[k].y);
-    *(uint4 *)(d + x1) = mla_e4m3x8<KVA_F16>(hi[k].z, hi[k].w);
+  for (int u = 0; u < NU; u++) {
+    const int r = (ct + NT * u) >> 2;
+    unsigned char *const dst = p_st0 + s * KVA_MLA5_TILE + r * 128;
+    const int x0 = ((2 * q) ^ (r & 7)) << 4, x1 = ((2 * q + 1) ^ (r & 7)) << 4;
+#pragma unroll
+    for (int k = 0; k < 5; k++) {
+      unsigned char *const d = dst + (k + 4) * KVA_MLA5_KBLK;
+      *(uint4 *)(d + x0) = mla_e4m3x8<KVA_F16>(hi[u][k].x, hi[u][k].y);
+      *(uint4 *)(d + x1) = mla_e4m3x8<KVA_F16>(hi[u][k].z, hi[u][k].w);
+    }
   }
   kva_fence_proxy_async_smem(); /* generic stores -> the wgmmas (and the next bulk copy) */
   kva_mbar_arrive(MLA6_F8_CONVERTED(s_bar, s));

@@ -2,7 +2,7 @@
  * or fp8 converted in place (KV8, mla6_fp8.cuh). Same grid, arguments,
  * split walk, loads (v5's 64-key blocks in two 72 KB stages, TMA or
  * cp.async, mla5_rows / mla5_copy), partial rows, in-kernel merge, causal
- * mask, LSE and PDL as v5; 384 threads.
+ * mask, LSE and PDL as v5; 384 threads (512 for fp8).
  *
  * Warpgroup 0 (S, 104 registers): per 64-key block j in stage j % 2,
  * S = Q K^T (36 ss k-steps, each column block as soon as it landed), the
@@ -18,6 +18,7 @@
  * warpgroup waits for another's row maxima (v5's seesaw did). On the
  * H100: 8.5-10.4% faster than v5 at 128 query rows as first built, 1-7%
  * in its final form (docs/performance.md, "Twenty-third session").
+ * fp8 latents add a fourth warpgroup that converts them (KV8, below).
  *
  * A chunk's end: warpgroup 0 puts l and m in smem (once the O warpgroups
  * read the previous chunk's: mbarriers stats_full / stats_empty); they then
@@ -38,6 +39,11 @@
 #define KVA_MLA6_BAR_S 3 /* warpgroup 0 */
 #define KVA_MLA6_S_REGS 104
 #define KVA_MLA6_O_REGS 200 /* 104 + 2 x 200 <= 384 threads x 168 */
+/* fp8 with the converter warpgroup: 104 + 72 + 2 x 168 = 512 threads x 128
+ * (ptxas sizes every instruction to the launch's 128 whatever setmaxnreg
+ * says, hence mla6_pv_ss_n128) */
+#define KVA_MLA6_C_REGS 72
+#define KVA_MLA6_O8_REGS 168
 
 #include "cuda/mla6_fp8.cuh"
 
@@ -57,13 +63,38 @@
   } while (0)
 #endif
 
-/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage by
- * the O warpgroups: block j + 1 (its stage freed by P V(j - 1)) before
- * they wait for P(j), so under S(j) and the softmax (after they issue P
- * V(j) measured 1-2% slower; an arrival for column blocks 0..3 ahead of
- * 4..8, so that S starts sooner, 4% slower; H200, 2026-11-29). The tensor
- * cores run f16 whatever Q's type (a bf16 Q converted in place by
- * warpgroup 0, mla6_q_to_f16). */
+/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage.
+ * With KVA_MLA6_F8_CONV (the default) by a fourth warpgroup, the
+ * converter (512 threads: registers 104 / 72 / 2 x 168): per block j it
+ * waits until the O warpgroups' P V(j - 2) left the stage (`empty`),
+ * refills it with block j, prefetches block j + 1 into L2, and converts
+ * block j once its bytes land; the O warpgroups only wait for P and run
+ * P V, in halves of 128 columns (under 128 registers an instruction).
+ * So a conversion runs beside the P V of the block before instead of in
+ * the O warpgroups' chain: 9-10% less time than the O warpgroups
+ * converting block j + 1 before they wait for P(j) (KVA_MLA6_F8_CONV=0;
+ * H200, 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA;
+ * h64 s_q1 sk8192 0.289 against 0.321 ms). In that older form, converting
+ * after P V(j) was issued measured 1-2% slower and an arrival for column
+ * blocks 0..3 ahead of 4..8 4% slower. The tensor cores run f16 whatever
+ * Q's type (a bf16 Q converted in place by warpgroup 0, mla6_q_to_f16). */
+/* mla5_pv_ss in halves of 128 columns (fp8 with the converter: 512
+ * threads, so each instruction's registers must fit under 128) */
+static __device__ __forceinline__ void mla6_pv_ss_n128(float o[2][64], uint32_t s_p, uint32_t s_k,
+                                                       int wg) {
+  mla_fence_o(o);
+  kva_wgmma_fence();
+  const uint64_t dp = mla_desc(s_p, 16, 1024);
+  const uint64_t dv = mla_desc(s_k + 4 * wg * KVA_MLA5_KBLK, KVA_MLA5_KBLK, 1024);
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+    for (int n = 0; n < 2; n++)
+      kva_wgmma_m64n128k16_ss_f16_tb(o[n], dp + ((kk * 32) >> 4),
+                                     dv + ((kk * 16 * 128 + n * 2 * KVA_MLA5_KBLK) >> 4));
+  kva_wgmma_commit();
+}
+
 /* The phase parity of a chunk's block j in stage j % 2, whose fills
  * before the chunk were f0 and f1. */
 static __device__ __forceinline__ uint32_t mla6_parity(int f0, int f1, int j) {
@@ -71,10 +102,11 @@ static __device__ __forceinline__ uint32_t mla6_parity(int f0, int f1, int j) {
 }
 
 template <int QT, int TMA, int KV8 = 0>
-__global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
+__global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
   constexpr int MT = KV8 ? KVA_F16 : QT; /* the tensor cores' type */
+  constexpr bool CONV = KV8 && KVA_MLA6_F8_CONV; /* warpgroup 3 converts */
   static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
   static_assert(KVA_MLA6_SMEM <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -206,7 +238,39 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     return;
   }
 
-  kva_setmaxnreg_inc<KVA_MLA6_O_REGS>();
+  if (CONV && wg == 3) {
+    /* the converter: per block j of a chunk, its fill (j >= 2: once the
+     * O warpgroups' P V(j - 2) left the stage; blocks 0 and 1 come from
+     * warpgroup 1 after the chunk's end, which uses the stages as scratch),
+     * the L2 prefetch of block j + KVA_MLA6_F8_PF, then the conversion */
+    kva_setmaxnreg_dec<KVA_MLA6_C_REGS>();
+    const int cv = tid - 384;
+    const unsigned char *const kvg = (const unsigned char *)a.kv;
+    int e0 = 0, e1 = 0; /* waits on each stage's empty */
+    for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
+      mla5_chunk c;
+      if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
+      kva_griddep_wait(); /* the latents may come from the kernel before */
+      for (int j = 0; j < c.nblk; j++) {
+        const int s = j & 1, kt = c.k0 + j * BN;
+        if (j >= 2) {
+          kva_mbar_wait(MLA6_F8_EMPTY(s_bar, s), (uint32_t)((s ? e1 : e0) & 1));
+          if (s) e1++;
+          else e0++;
+          mla6_fill_f8(s_st0 + s * TILE, s_bar, s, kvg, c.pt, kt, c.k1, a, cv);
+          if (j + KVA_MLA6_F8_PF < c.nblk)
+            mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA6_F8_PF * BN, c.k1, a, cv);
+        }
+        mla6_take_f8<128, KVA_MLA6_BAR_C>(p_st0, s_bar, s, mla6_parity(f0, f1, j), kt, c.k1, cv);
+      }
+      if (c.nblk > 0) {
+        f0 += (c.nblk + 1) >> 1;
+        f1 += c.nblk >> 1;
+      }
+    }
+    return;
+  }
+  kva_setmaxnreg_inc<CONV ? KVA_MLA6_O8_REGS : KVA_MLA6_O_REGS>();
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   unsigned trace_merges = 0;
@@ -222,14 +286,16 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       /* Q (both warpgroups), blocks 0 and 1 (each its column blocks) */
       mla_issue_q(s_q, a, c.tok0, row0, c.rows, ct);
       kva_cp_async_mbar_arrive_noinc(s_bar);
-      if (KV8) {
+      if (KV8 && (!CONV || h == 0)) { /* CONV: warpgroup 1's 128 threads fill */
         mla6_fill_f8(s_st0, s_bar, 0, kvg, c.pt, c.k0, c.k1, a, ct);
         if (c.nblk > 1) mla6_fill_f8(s_st0 + TILE, s_bar, 1, kvg, c.pt, c.k0 + BN, c.k1, a, ct);
 #pragma unroll
         for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
           if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
-        mla6_take_f8(p_st0, s_bar, 0, mla6_parity(f0, f1, 0), c.k0, c.k1, ct);
-      } else {
+        if (!CONV)
+          mla6_take_f8<256, KVA_MLA6_BAR_O>(p_st0, s_bar, 0, mla6_parity(f0, f1, 0), c.k0, c.k1,
+                                            ct);
+      } else if (!KV8) {
         mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
         if (c.nblk > 1)
           mla5_load<TMA>(s_st0 + TILE, s_bar + 80, kvg, c.pt, c.k0 + BN, c.k1, a, h, tw);
@@ -243,8 +309,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       const bool more = j + 2 < c.nblk;
       int nx[4]; /* rows of block j + 2, read ahead of the wait */
       if (!KV8) mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
-      if (KV8 && j + 1 < c.nblk) /* block j + 1 under S(j) */
-        mla6_take_f8(p_st0, s_bar, s ^ 1, mla6_parity(f0, f1, j + 1), kt + BN, c.k1, ct);
+      if (KV8 && !CONV && j + 1 < c.nblk) /* block j + 1 under S(j) */
+        mla6_take_f8<256, KVA_MLA6_BAR_O>(p_st0, s_bar, s ^ 1, mla6_parity(f0, f1, j + 1),
+                                          kt + BN, c.k1, ct);
       kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
       if (nchunk == 0 && j == 0) MLA6_STAMP(2, kva_globaltimer()); /* the first P */
       float cf[2];
@@ -254,9 +321,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       /* V of a cp.async block landed for warpgroup 0's S: fenced for this
        * warpgroup's wgmma (P's generic stores were fenced by their writers) */
       if (!KV8 && !mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
-      mla5_pv_ss<MT>(o, st + 8 * KB, st, h);
+      if (CONV) mla6_pv_ss_n128(o, st + 8 * KB, st, h);
+      else mla5_pv_ss<MT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla_fence_o(o);
+      if (CONV) { /* the converter refills the stage once both P V's are over */
+        if (more) kva_mbar_arrive(MLA6_F8_EMPTY(s_bar, s));
+        continue;
+      }
       mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       if (more) {
         if (KV8) {

@@ -713,6 +713,19 @@ static __device__ __forceinline__ void kva_wgmma_m64n256k16_ss_f16_tb(float d[12
       : "l"(desc_a), "l"(desc_b), "n"(1));
 }
 
+/* Half of it (N = 128, 64 accumulators): one instruction's registers fit
+ * under 128 a thread (ptxas sizes each instruction to the launch's count,
+ * before any setmaxnreg: a 512-thread kernel's m64n256 does not compile). */
+static __device__ __forceinline__ void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t desc_a,
+                                                                      uint64_t desc_b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " KVA_WGMMA_D64
+      ", %64, %65, p, 1, 1, 0, 1;\n}\n"
+      : KVA_WGMMA_OUT64(d)
+      : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+
 /* ---- bulk stores, the mbarrier-init fence (bench/ probes) ---------------- */
 
 /* A 1-D bulk copy of `bytes` (a multiple of 16) from smem at src to global

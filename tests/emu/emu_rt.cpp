@@ -857,6 +857,7 @@ void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t 
 /* A K-major from smem, B MN-major (bit 6): MLA v5's P V with P in smem */
 void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 1u | 4u | 32u | 64u); }
 void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 32u | 64u); }
+void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t da, uint64_t db) { wg_issue(d, NULL, da, db, 4u | 64u); }
 /* keys-as-M shapes (MLA v10): N = 16 (bits 3-4 = 3) or 32, A from registers, B K-major */
 void kva_wgmma_m64n16k16_rs_f16(float d[8], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 2u | 24u | 128u | (scale_d ? 4u : 0u)); }
 void kva_wgmma_m64n32k16_rs_f16(float d[16], const uint32_t a[4], uint64_t db, int scale_d) { wg_issue(d, a, 0, db, 2u | 16u | 128u | (scale_d ? 4u : 0u)); }

@@ -141,6 +141,7 @@ static int run_case(const Case &c, int idx) {
       /* v6, v9: 384 threads; v10: 128 a warpgroup */
       emu_run_grid(fn, c.workers,
                    g_run_ver == 10 ? KVA_MLA10_THREADS(KVA_MLA10_SWG(g_nq10))
+                   : g_run_ver == 6 ? KVA_MLA6_THREADS_OF(c.kv8)
                    : g_run_ver >= 6 ? KVA_MLA6_THREADS
                                     : KVA_MLA_THREADS);
     }

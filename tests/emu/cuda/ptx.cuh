@@ -94,6 +94,7 @@ void kva_wgmma_m64n256k16_rs_bf16_tb(float d[128], const uint32_t a[4], uint64_t
 void kva_wgmma_m64n256k16_rs_f16_tb(float d[128], const uint32_t a[4], uint64_t db);
 void kva_wgmma_m64n256k16_ss_bf16_tb(float d[128], uint64_t da, uint64_t db);
 void kva_wgmma_m64n256k16_ss_f16_tb(float d[128], uint64_t da, uint64_t db);
+void kva_wgmma_m64n128k16_ss_f16_tb(float d[64], uint64_t da, uint64_t db);
 void kva_wgmma_m64n16k16_rs_f16(float d[8], const uint32_t a[4], uint64_t db, int scale_d);
 void kva_wgmma_m64n32k16_rs_f16(float d[16], const uint32_t a[4], uint64_t db, int scale_d);
 static inline void kva_reg_fence_f32(float *) {}
