@@ -96,6 +96,7 @@ struct WgOp {
   float d0[32][128];
   uint32_t a0[32][4];
   uint64_t issue_stamp;
+  uint64_t operand_hash; /* its smem operands' bytes at the issue */
 };
 struct WgQueue {
   std::vector<WgOp> open;
@@ -104,6 +105,7 @@ struct WgQueue {
 static WgQueue wgq[NTH_MAX / 32];
 static void wg_execute(Warp &W, WgOp &op);
 static void wg_check_visible(Warp &W, const WgOp &op);
+static uint64_t wg_operand_hash(Warp &W, const WgOp &op);
 
 static void yield_() { swapcontext(&th[cur].ctx, &sched_ctx); }
 
@@ -222,6 +224,7 @@ static void compute(Warp &W) {
       }
       op.issue_stamp = emu_clock++;
       wg_check_visible(W, op);
+      op.operand_hash = wg_operand_hash(W, op);
       op.chained = 0;
       for (const WgOp &o2 : q.open) op.chained |= o2.d[0] == op.d[0];
       for (const auto &g : q.groups)
@@ -446,7 +449,14 @@ static void tma_land(size_t i) {
     }
   mbar_complete_tx(op.bar, (long)m.box[0] * m.box[1] * m.box[2] * 2);
 }
-void kva_mbar_arrive(uint32_t bar) { mbar_arrive_at(bar); }
+/* A thread's own arrival may be followed at once by its waiters' next
+ * steps (on hardware nothing orders them after the arriving thread's
+ * later stores): half the time the arriving thread yields here, still
+ * runnable, so that stores wrongly placed after an arrival get caught. */
+void kva_mbar_arrive(uint32_t bar) {
+  mbar_arrive_at(bar);
+  if (sched_rand() % 2) yield_();
+}
 void kva_mbar_arrive_cnt(uint32_t bar, uint32_t count) {
   MBar &b = mbar_of(bar);
   if (count < 1 || b.pending < (int)count) { fprintf(stderr, "mbarrier %u: %u arrivals past its count\n", bar, count); abort(); }
@@ -745,6 +755,14 @@ static void wg_execute(Warp &W, WgOp &op) {
           abort();
         }
       }
+      /* plain C++ stores to smem carry no stamps: the bytes themselves must
+       * not have changed since the issue (a store that should have come
+       * before the issue, or a rewrite while in flight) */
+      if (wg_operand_hash(W, op) != op.operand_hash) {
+        fprintf(stderr, "wgmma (warp %d) smem operands changed between its issue and completion\n",
+                (int)(&W - warps));
+        abort();
+      }
       auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
       auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
       auto rd = [&](uint32_t a) {
@@ -824,6 +842,34 @@ static void wg_check_visible(Warp &W, const WgOp &op) {
     for (int n = 0; n < N; n++)
       chk(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
                  : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+}
+
+/* FNV-1a over the 16-byte chunks of smem a wgmma reads (as
+ * wg_check_visible walks them) */
+static uint64_t wg_operand_hash(Warp &W, const WgOp &op) {
+  const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
+  const int tb = rs || ((op.flags >> 6) & 1);
+  const int N = emu_wg_n(op.flags);
+  uint64_t h = 1469598103934665603ull;
+  auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
+  auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
+  auto mix = [&](uint32_t a) {
+    check_smem(a, 2);
+    for (int i = 0; i < 2; i++) h = (h ^ smem[a + i]) * 1099511628211ull;
+  };
+  if (!rs) {
+    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
+    for (int i = 0; i < 16; i++) {
+      int r = 16 * wq + i;
+      for (int k = 0; k < 16; k++) mix(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+    }
+  }
+  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
+  for (int k = 0; k < 16; k++)
+    for (int n = 0; n < N; n++)
+      mix(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                 : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+  return h;
 }
 
 static void wg_issue(float d[64], const uint32_t *a, uint64_t da, uint64_t db, uint32_t flags) {
