@@ -34,8 +34,9 @@ struct Copy {
 struct Th {
   ucontext_t ctx;
   dim3 idx;
-  int state; /* 0 runnable, 1 collective, 2 named barrier, 3 done, 4 mbarrier wait */
+  int state; /* 0 runnable, 1 collective, 2 named barrier, 3 done, 4 mbarrier wait, 5 asleep */
   uint32_t wait_bar, wait_parity; /* state 4 */
+  uint64_t wake_sweep;            /* state 5 */
   uint64_t fence_stamp;           /* clock of its last fence.proxy.async */
   std::vector<std::vector<Copy>> groups;
   std::vector<Copy> open;
@@ -451,11 +452,17 @@ static void tma_land(size_t i) {
 }
 /* A thread's own arrival may be followed at once by its waiters' next
  * steps (on hardware nothing orders them after the arriving thread's
- * later stores): half the time the arriving thread yields here, still
- * runnable, so that stores wrongly placed after an arrival get caught. */
+ * later stores): half the time the arriving thread sleeps here for 1 to
+ * 64 of the scheduler's sweeps (a waiting warpgroup issues one wgmma a
+ * sweep), so that stores wrongly placed after an arrival get caught. */
+static uint64_t sweep_no;
 void kva_mbar_arrive(uint32_t bar) {
   mbar_arrive_at(bar);
-  if (sched_rand() % 2) yield_();
+  if (sched_rand() % 2) {
+    th[cur].state = 5;
+    th[cur].wake_sweep = sweep_no + 1 + sched_rand() % 64;
+    yield_();
+  }
 }
 void kva_mbar_arrive_cnt(uint32_t bar, uint32_t count) {
   MBar &b = mbar_of(bar);
@@ -683,6 +690,7 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
     for (int w = 0; w < NTH / 32; w++) order[w] = w;
     for (;;) {
       int progress = 0, done = 0;
+      sweep_no++;
       for (int w = NTH / 32 - 1; w > 0; w--) std::swap(order[w], order[sched_rand() % (w + 1)]);
       for (int t = 0; t < NTH; t++)
         if (!async_q[t].empty() && sched_rand() % async_rate == 0) {
@@ -706,6 +714,7 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
           const int t = order[wi] * 32 + l;
           if (th[t].state == 3) { done++; continue; }
           if (th[t].state == 4 && mbar_done(th[t].wait_bar, th[t].wait_parity)) th[t].state = 0;
+          if (th[t].state == 5 && sweep_no >= th[t].wake_sweep) th[t].state = 0;
           if (th[t].state != 0) continue;
           cur = t;
           swapcontext(&sched_ctx, &th[t].ctx);
@@ -719,6 +728,12 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
         if (!any && !tma_q.empty()) { tma_land(sched_rand() % tma_q.size()); any = 1; }
         for (int w = 0; w < NTH / 32 && !any; w++)
           if (warps[w].deferred) { complete_wait(w); any = 1; }
+        for (int t = 0; t < NTH && !any; t++) /* only sleepers left: wake them */
+          if (th[t].state == 5) {
+            for (int u = t; u < NTH; u++)
+              if (th[u].state == 5) th[u].state = 0;
+            any = 1;
+          }
         if (!any) {
           fprintf(stderr, "deadlock in CTA %d\n", b);
           for (int t = 0; t < NTH; t += 32)
