@@ -6,7 +6,10 @@
  * arrival, wgmma by descriptor, and a check that every smem chunk a wgmma
  * reads was made visible to the async proxy (fence.proxy.async by the
  * reading warp after it landed, or by its writer after it landed) and was
- * not rewritten while the wgmma was in flight. */
+ * not rewritten while the wgmma was in flight (by stamps, and by a hash of
+ * its operands' bytes at issue and completion, which also sees plain C++
+ * stores). A thread's own mbarrier arrival sleeps it half the time, so a
+ * store placed after an arrival can land under the waiters' wgmmas. */
 #include "emu_cuda.h"
 #include "cuda/ptx.cuh"
 #include "cuda/tma.h"
