@@ -21,8 +21,8 @@
 /* KV8's mbarriers of stage s, in its column blocks' slots 0 (converted:
  * the converting threads arrive after their stores and fence; warpgroup 0
  * waits once a block) and 1 (bytes: the bulk copies' transactions and an
- * arrival of each filling thread); the other seven slots are unused but
- * slot 2 (below). */
+ * arrival of each filling thread); with the converter warpgroup slot 2 is
+ * the stage's `empty` (below); the other slots are unused. */
 #define MLA6_F8_CONVERTED(s_bar, s) ((s_bar) + 8 + 72 * (s))
 #define MLA6_F8_BYTES(s_bar, s) ((s_bar) + 16 + 72 * (s))
 /* With the converter warpgroup (KVA_MLA6_F8_CONV): `converted` and `bytes`
