@@ -76,7 +76,8 @@
  * H200, 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA;
  * h64 s_q1 sk8192 0.289 against 0.321 ms). In that older form, converting
  * after P V(j) was issued measured 1-2% slower and an arrival for column
- * blocks 0..3 ahead of 4..8 4% slower. The tensor cores run f16 whatever
+ * blocks 0..3 ahead of 4..8 4% slower (1.5-2% slower with the converter
+ * too). The tensor cores run f16 whatever
  * Q's type (a bf16 Q converted in place by warpgroup 0, mla6_q_to_f16). */
 /* mla5_pv_ss in halves of 128 columns (fp8 with the converter: 512
  * threads, so each instruction's registers must fit under 128) */
