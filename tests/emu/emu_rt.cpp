@@ -834,59 +834,47 @@ static void wg_execute(Warp &W, WgOp &op) {
 /* Every smem chunk the wgmma reads must have been made visible to the async
  * proxy: a fence.proxy.async by each lane of the issuing warp after the
  * chunk was written, or by the thread that wrote it (then synchronized). */
-static void wg_check_visible(Warp &W, const WgOp &op) {
+/* Every smem address (one per 16-bit element) a wgmma's operands read:
+ * its warp's 16 rows of A (from smem) and all of B. */
+template <class F> static void wg_walk_operands(Warp &W, const WgOp &op, F visit) {
   const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
   const int tb = rs || ((op.flags >> 6) & 1);
   const int N = emu_wg_n(op.flags);
-  uint64_t fence = UINT64_MAX;
-  for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
   auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
   auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
-  auto chk = [&](uint32_t a) {
+  if (!rs) {
+    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
+    for (int i = 0; i < 16; i++) {
+      int r = 16 * wq + i;
+      for (int k = 0; k < 16; k++) visit(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+    }
+  }
+  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
+  for (int k = 0; k < 16; k++)
+    for (int n = 0; n < N; n++)
+      visit(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                   : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+}
+
+static void wg_check_visible(Warp &W, const WgOp &op) {
+  const int w = (int)(&W - warps);
+  uint64_t fence = UINT64_MAX;
+  for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
+  wg_walk_operands(W, op, [&](uint32_t a) {
     const uint64_t st = chunk_stamp[a / 16];
     if (st == 0 || st < fence || th[chunk_writer[a / 16]].fence_stamp > st) return;
     fprintf(stderr, "wgmma (warp %d) reads smem at %u written after the last fence.proxy.async\n", w, a);
     abort();
-  };
-  if (!rs) {
-    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
-    for (int i = 0; i < 16; i++) {
-      int r = 16 * wq + i;
-      for (int k = 0; k < 16; k += 8) chk(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
-    }
-  }
-  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
-  for (int k = 0; k < 16; k++)
-    for (int n = 0; n < N; n++)
-      chk(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
-                 : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+  });
 }
 
-/* FNV-1a over the 16-byte chunks of smem a wgmma reads (as
- * wg_check_visible walks them) */
+/* FNV-1a over the bytes of smem a wgmma reads */
 static uint64_t wg_operand_hash(Warp &W, const WgOp &op) {
-  const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
-  const int tb = rs || ((op.flags >> 6) & 1);
-  const int N = emu_wg_n(op.flags);
   uint64_t h = 1469598103934665603ull;
-  auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
-  auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
-  auto mix = [&](uint32_t a) {
+  wg_walk_operands(W, op, [&](uint32_t a) {
     check_smem(a, 2);
     for (int i = 0; i < 2; i++) h = (h ^ smem[a + i]) * 1099511628211ull;
-  };
-  if (!rs) {
-    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
-    for (int i = 0; i < 16; i++) {
-      int r = 16 * wq + i;
-      for (int k = 0; k < 16; k++) mix(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
-    }
-  }
-  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
-  for (int k = 0; k < 16; k++)
-    for (int n = 0; n < N; n++)
-      mix(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
-                 : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+  });
   return h;
 }
 
