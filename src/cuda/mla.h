@@ -59,12 +59,8 @@ extern "C" {
  * the chunk's max m and sum l, 23 mbarriers (Q; stage x 9 column blocks;
  * ready per stage; the chunk's l and m written, read) and a flag. */
 #define KVA_MLA6_THREADS 384
-/* fp8 latents (KV8): a fourth warpgroup converts them (KVA_MLA6_F8_CONV,
- * mla_kernel_v6.cuh); 0 leaves the O warpgroups converting (A/B) */
-#ifndef KVA_MLA6_F8_CONV
-#define KVA_MLA6_F8_CONV 1
-#endif
-#define KVA_MLA6_THREADS_OF(kv8) ((kv8) && KVA_MLA6_F8_CONV ? 512 : KVA_MLA6_THREADS)
+/* fp8 latents (KV8): a fourth warpgroup converts them (mla_kernel_v6.cuh) */
+#define KVA_MLA6_THREADS_OF(kv8) ((kv8) ? 512 : KVA_MLA6_THREADS)
 #define KVA_MLA6_STATS (4 * KVA_MLA_BM * 4) /* c[2][64], m[64], l[64]: 1024 */
 #ifdef KVA_MLA_TRACE
 #define KVA_MLA6_BARS 288

@@ -7,10 +7,9 @@
  * The bytes come as [64 keys][576 B] at KVA_MLA6_F8_AT = 36 KB (1-D bulk
  * copies by page run, mla9_issue_f8_pt). Column blocks 0..3 are written
  * below 32 KB and never touch the bytes; 4..8 are written over them, so
- * every converting thread first loads its bytes of 4..8 into registers
- * (5 x 16 B a key), the converters meet on their named barrier, and then
- * the writes go. The converters: the converter warpgroup
- * (KVA_MLA6_F8_CONV, mla_kernel_v6.cuh), or the two O warpgroups. */
+ * every thread of the converter warpgroup (mla_kernel_v6.cuh) first loads
+ * its bytes of 4..8 into registers (5 x 16 B a key), the converter's
+ * threads meet on their named barrier, and then the writes go. */
 #ifndef KVA_CUDA_MLA6_FP8_CUH
 #define KVA_CUDA_MLA6_FP8_CUH
 
@@ -19,21 +18,17 @@
 #define KVA_MLA6_F8_AT (KVA_MLA5_TILE - KVA_MLA5_BN * KVA_MLA_D) /* 36864 */
 
 /* KV8's mbarriers of stage s, in its column blocks' slots 0 (converted:
- * the converting threads arrive after their stores and fence; warpgroup 0
- * waits once a block) and 1 (bytes: the bulk copies' transactions and an
- * arrival of each filling thread); with the converter warpgroup slot 2 is
- * the stage's `empty` (below); the other slots are unused. */
+ * the converter's 128 threads arrive after their stores and fence;
+ * warpgroup 0 waits once a block), 1 (bytes: the bulk copies'
+ * transactions and an arrival of each of the 128 filling threads: the
+ * converter's, or warpgroup 1's for a chunk's first two blocks) and 2
+ * (empty: the 256 O threads arrive once their P V read the stage, for the
+ * fill two blocks on); the other slots are unused. */
 #define MLA6_F8_CONVERTED(s_bar, s) ((s_bar) + 8 + 72 * (s))
 #define MLA6_F8_BYTES(s_bar, s) ((s_bar) + 16 + 72 * (s))
-/* With the converter warpgroup (KVA_MLA6_F8_CONV): `converted` and `bytes`
- * take 128 arrivals (the converter's, or the fills of warpgroup 1's
- * threads), and slot 2 is the stage's `empty` (the 256 O threads arrive
- * once their P V read it, for the fill two blocks on). */
 #define MLA6_F8_EMPTY(s_bar, s) ((s_bar) + 24 + 72 * (s))
 /* the 256-arrival barriers' indices (1 + 9 s + k) as mla5_init's `wide` mask */
-#define MLA6_F8_WIDE                                                           \
-  (KVA_MLA6_F8_CONV ? (1u << 3) | (1u << 12)                                    \
-                    : (1u << 1) | (1u << 2) | (1u << 10) | (1u << 11))
+#define MLA6_F8_WIDE ((1u << 3) | (1u << 12))
 /* the converter warpgroup's named barrier */
 #define KVA_MLA6_BAR_C 4
 
@@ -67,9 +62,8 @@ static __device__ __forceinline__ void mla6_prefetch_f8(const unsigned char *kv,
 }
 
 /* Stage s's bytes, once landed (par: the parity of the stage's fill),
- * -> its nine f16 column blocks in place, by NT threads ct (256: the O
- * warpgroups, barrier BAR between them; 128: the converter warpgroup).
- * Thread ct + NT u (u < 256 / NT) takes key r = (ct + NT u) / 4 and 16
+ * -> its nine f16 column blocks in place, by the converter's 128 threads
+ * ct. Thread ct + 128 u (u < 2) takes key r = (ct + 128 u) / 4 and 16
  * bytes (16 dims) at 16 (ct % 4) of each column block: one 16-byte load (a
  * warp's eight rows fall on both bank halves: 576 B a row) and two 16-byte
  * stores at units 2q, 2q + 1 of the row, swizzled by r % 8
@@ -77,10 +71,9 @@ static __device__ __forceinline__ void mla6_prefetch_f8(const unsigned char *kv,
  * left stale bytes there, and a masked P of 0 times a NaN would still be
  * NaN). Ends with the stores fenced for the wgmmas and this thread's
  * arrival on `converted`. */
-template <int NT, int BAR>
 static __device__ __forceinline__ void mla6_take_f8(unsigned char *p_st0, uint32_t s_bar, int s,
                                                     uint32_t par, int kt, int k1, int ct) {
-  constexpr int NU = 256 / NT;
+  constexpr int NT = 128, NU = 2;
   kva_mbar_wait(MLA6_F8_BYTES(s_bar, s), par);
   const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
   const int q = ct & 3;
@@ -103,7 +96,7 @@ static __device__ __forceinline__ void mla6_take_f8(unsigned char *p_st0, uint32
       *(uint4 *)(d + x1) = mla_e4m3x8<KVA_F16>(x.z, x.w);
     }
   }
-  mla_bar_sync(BAR, NT); /* every thread's bytes of 4..8 are read */
+  mla_bar_sync(KVA_MLA6_BAR_C, NT); /* every thread's bytes of 4..8 are read */
 #pragma unroll
   for (int u = 0; u < NU; u++) {
     const int r = (ct + NT * u) >> 2;

@@ -63,17 +63,17 @@
   } while (0)
 #endif
 
-/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage.
- * With KVA_MLA6_F8_CONV (the default) by a fourth warpgroup, the
- * converter (512 threads: registers 104 / 72 / 2 x 168): per block j it
+/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage by
+ * a fourth warpgroup, the converter (512 threads: registers 104 / 72 /
+ * 2 x 168): per block j it
  * waits until the O warpgroups' P V(j - 2) left the stage (`empty`),
  * refills it with block j, prefetches block j + 1 into L2, and converts
  * block j once its bytes land; the O warpgroups only wait for P and run
  * P V, in halves of 128 columns (under 128 registers an instruction).
  * So a conversion runs beside the P V of the block before instead of in
  * the O warpgroups' chain: 9-10% less time than the O warpgroups
- * converting block j + 1 before they wait for P(j) (KVA_MLA6_F8_CONV=0;
- * H200, 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA;
+ * converting block j + 1 before they wait for P(j) (the forty-eighth
+ * session's order, in git before 339e00c; H200, 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA;
  * h64 s_q1 sk8192 0.289 against 0.321 ms). In that older form, converting
  * after P V(j) was issued measured 1-2% slower and an arrival for column
  * blocks 0..3 ahead of 4..8 4% slower (1.5-2% slower with the converter
@@ -107,7 +107,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
     kva_mla_kernel_v6(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
   constexpr int MT = KV8 ? KVA_F16 : QT; /* the tensor cores' type */
-  constexpr bool CONV = KV8 && KVA_MLA6_F8_CONV; /* warpgroup 3 converts */
   static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
   static_assert(KVA_MLA6_SMEM <= 232448, "227 KB of smem per CTA");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -150,7 +149,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
   }
   const kva_split_work wk = a.sched[blockIdx.x];
   if (tid == 0) {
-    /* KV8: both O warpgroups arrive on the stages' converted and bytes */
+    /* KV8: the O warpgroups arrive on the stages' empty */
     mla5_init<TMA>(s_bar, 22, a, KV8 ? MLA6_F8_WIDE : 0u);
     kva_mbar_init(stats_empty, KVA_MLA_THREADS);
   }
@@ -239,7 +238,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
     return;
   }
 
-  if (CONV && wg == 3) {
+  if (KV8 && wg == 3) {
     /* the converter: per block j of a chunk, its fill (j >= 2: once the
      * O warpgroups' P V(j - 2) left the stage; blocks 0 and 1 come from
      * warpgroup 1 after the chunk's end, which uses the stages as scratch),
@@ -262,7 +261,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
           if (j + KVA_MLA6_F8_PF < c.nblk)
             mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA6_F8_PF * BN, c.k1, a, cv);
         }
-        mla6_take_f8<128, KVA_MLA6_BAR_C>(p_st0, s_bar, s, mla6_parity(f0, f1, j), kt, c.k1, cv);
+        mla6_take_f8(p_st0, s_bar, s, mla6_parity(f0, f1, j), kt, c.k1, cv);
       }
       if (c.nblk > 0) {
         f0 += (c.nblk + 1) >> 1;
@@ -271,7 +270,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
     }
     return;
   }
-  kva_setmaxnreg_inc<CONV ? KVA_MLA6_O8_REGS : KVA_MLA6_O_REGS>();
+  kva_setmaxnreg_inc<KV8 ? KVA_MLA6_O8_REGS : KVA_MLA6_O_REGS>();
   const int h = wg - 1, ct = tid - 128; /* O columns 256 h ..; thread of the two */
   const unsigned char *const kvg = (const unsigned char *)a.kv;
   unsigned trace_merges = 0;
@@ -287,16 +286,15 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
       /* Q (both warpgroups), blocks 0 and 1 (each its column blocks) */
       mla_issue_q(s_q, a, c.tok0, row0, c.rows, ct);
       kva_cp_async_mbar_arrive_noinc(s_bar);
-      if (KV8 && (!CONV || h == 0)) { /* CONV: warpgroup 1's 128 threads fill */
-        mla6_fill_f8(s_st0, s_bar, 0, kvg, c.pt, c.k0, c.k1, a, ct);
-        if (c.nblk > 1) mla6_fill_f8(s_st0 + TILE, s_bar, 1, kvg, c.pt, c.k0 + BN, c.k1, a, ct);
+      if (KV8) {
+        if (h == 0) { /* warpgroup 1's 128 threads fill */
+          mla6_fill_f8(s_st0, s_bar, 0, kvg, c.pt, c.k0, c.k1, a, ct);
+          if (c.nblk > 1) mla6_fill_f8(s_st0 + TILE, s_bar, 1, kvg, c.pt, c.k0 + BN, c.k1, a, ct);
 #pragma unroll
-        for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
-          if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
-        if (!CONV)
-          mla6_take_f8<256, KVA_MLA6_BAR_O>(p_st0, s_bar, 0, mla6_parity(f0, f1, 0), c.k0, c.k1,
-                                            ct);
-      } else if (!KV8) {
+          for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
+            if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
+        }
+      } else {
         mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
         if (c.nblk > 1)
           mla5_load<TMA>(s_st0 + TILE, s_bar + 80, kvg, c.pt, c.k0 + BN, c.k1, a, h, tw);
@@ -310,9 +308,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
       const bool more = j + 2 < c.nblk;
       int nx[4]; /* rows of block j + 2, read ahead of the wait */
       if (!KV8) mla5_rows<TMA>(nx, c.pt, kt + 2 * BN, more ? c.k1 : 0, a, tw);
-      if (KV8 && !CONV && j + 1 < c.nblk) /* block j + 1 under S(j) */
-        mla6_take_f8<256, KVA_MLA6_BAR_O>(p_st0, s_bar, s ^ 1, mla6_parity(f0, f1, j + 1),
-                                          kt + BN, c.k1, ct);
       kva_mbar_wait(s_bar + 8 * (19 + s), par); /* P, c of block j */
       if (nchunk == 0 && j == 0) MLA6_STAMP(2, kva_globaltimer()); /* the first P */
       float cf[2];
@@ -322,23 +317,16 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
       /* V of a cp.async block landed for warpgroup 0's S: fenced for this
        * warpgroup's wgmma (P's generic stores were fenced by their writers) */
       if (!KV8 && !mla5_tma_block<TMA>(a, kt, c.k1)) kva_fence_proxy_async_smem();
-      if (CONV) mla6_pv_ss_n128(o, st + 8 * KB, st, h);
-      else mla5_pv_ss<MT>(o, st + 8 * KB, st, h);
+      if (KV8) mla6_pv_ss_n128(o, st + 8 * KB, st, h);
+      else mla5_pv_ss<QT>(o, st + 8 * KB, st, h);
       kva_wgmma_wait<0>();
       mla_fence_o(o);
-      if (CONV) { /* the converter refills the stage once both P V's are over */
+      if (KV8) { /* the converter refills the stage once both P V's are over */
         if (more) kva_mbar_arrive(MLA6_F8_EMPTY(s_bar, s));
         continue;
       }
       mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
-      if (more) {
-        if (KV8) {
-          mla6_fill_f8(st, s_bar, s, kvg, c.pt, kt + 2 * BN, c.k1, a, ct);
-          if (j + 2 + KVA_MLA6_F8_PF < c.nblk)
-            mla6_prefetch_f8(kvg, c.pt, kt + (2 + KVA_MLA6_F8_PF) * BN, c.k1, a, ct);
-        } else
-          mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
-      }
+      if (more) mla5_copy<TMA>(st, bar, kvg, nx, h, tw, kt + 2 * BN, c.k1, a);
     }
     MLA6_STAMP(3, kva_globaltimer());
     kva_mbar_wait(stats_full, (uint32_t)(nchunk & 1)); /* the rows' l and m */
