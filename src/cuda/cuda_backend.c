@@ -149,10 +149,9 @@ static int cuda_split_slack(const kva_context *ctx, const kva_pool *pool, int nu
 
 static int cuda_split_overhead(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,
                                int max_q_len, int block) {
-  (void)ctx;
   if (pool->cfg.layout != KVA_LAYOUT_MLA) return 0;
-  return kva_cuda_mla_split_overhead(num_qo_heads, max_q_len, block,
-                                     pool->cfg.kv_dtype == KVA_FP8_E4M3);
+  return kva_cuda_mla_split_overhead(kva_cuda_state_of(ctx), num_qo_heads, max_q_len, block,
+                                     pool->cfg.kv_dtype == KVA_FP8_E4M3, pool->cfg.page_size);
 }
 
 static int cuda_split_costs(const kva_context *ctx, const kva_pool *pool, int num_qo_heads,

@@ -188,7 +188,8 @@ int kva_cuda_mla_row_tiles(int num_qo_heads, int max_q_tokens);
 int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int block);
 /* Blocks a chunk of an MLA request costs beyond its keys (split_overhead);
  * kv8: an fp8 latent pool. */
-int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8);
+int kva_cuda_mla_split_overhead(const kva_cuda_state *cs, int num_qo_heads, int max_q_len,
+                                int block, int kv8, int page_size);
 /* What an MLA chunk's end costs the costed walk (split_costs); returns 1,
  * or 0 for batches that keep the packed walk (two or more row tiles; v6's
  * with KVA_MLA6_COSTED=0). The prices follow the kernel mla.cu will

@@ -316,32 +316,34 @@ static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8,
   const int forced = mla_kernel_forced();
   if (forced) return forced;
   const int64_t rows = mla_sched_rows(hq, max_q);
-  /* v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
+  /* fp8 latents. Up to 32 rows v10 (keys as M: the tensor work follows
+   * the rows; 1.6-1.7x faster than v9 there). From 33 rows, where the
+   * DRAM is fast (as mla_small_kernel), v6's conversion in place by its
+   * converter warpgroup (kva_mla_kernel_v6's KV8); else v9's byte stages
+   * (kva_mla_kernel_v9's KV8; v6 unmeasured on the H100). H200, against
+   * v9: ~20% less time on FlashMLA's fp8 rows of 64 rows (2026-11-29,
+   * "Forty-eighth" and "Forty-ninth session") and 19-22% on those of 128
+   * and 256 rows (490-529 against 387-419 TFLOP/s, "Fiftieth session");
+   * at 33-64 rows on the H100 v9 took 5-12% less time than v10's 64-row
+   * tile ("Thirty-ninth session").
+   * KVA_MLA_F8=6|9 forces one from 33 rows (A/B). */
+  if (kv8) {
+    static mla_env_switch sw8;
+    const int f8 = mla_env_int(&sw8, "KVA_MLA_F8", 0);
+    if (rows <= 32) return 10;
+    if (f8 == 6 || f8 == 9) return f8;
+    return mla_fast_dram(cs) ? 6 : 9;
+  }
+  /* 16-bit latents: v9 on the compute-bound batches (H100, 2026-11-26, 3 samples ABBA
    * against v6 in one binary: +4.9 to +17% on 10 of FlashMLA's 12
    * compute-bound rows, -3.2 and -5.8% on the two 128-row varlen rows at
-   * sk 4096; docs/performance.md, "Twenty-sixth session"), and on
+   * sk 4096; docs/performance.md, "Twenty-sixth session"; H200, 2026-11-29,
+   * one sample: 6-16% less time than v6 on all 12, "Fiftieth session"), and on
    * 65-127 rows (two row tiles: 1.5-1.6x v2 at 96 rows, H100,
    * 2026-11-28, "Thirty-ninth session"); at 64 rows and below see
    * mla_small_kernel (the ~0.65 of copy that v6/v9 once streamed at 64
    * rows on the H100 was their tile clustered with idle capacity tiles) */
   if (rows > KVA_MLA_BM) return 9;
-  /* fp8 latents at up to 64 rows. Up to 32 rows v10 (keys as M: the
-   * tensor work follows the rows; 1.6-1.7x faster than v9 there). At
-   * 33-64 rows, where the DRAM is fast (as mla_small_kernel), v6's
-   * conversion in place (kva_mla_kernel_v6's KV8): 13-16% less time than
-   * v9 on FlashMLA's fp8 rows of 64 rows (H200, 2026-11-29, 3 samples
-   * ABBA, "Forty-eighth session"), 9-10% less again with its converter
-   * warpgroup ("Forty-ninth session"); else v9's byte stages (kva_mla_kernel_v9's
-   * KV8), 5-12% less time than v10's 64-row tile there (H100,
-   * 2026-11-28, "Thirty-ninth session"; v6 unmeasured on the H100).
-   * KVA_MLA_F8_SMALL=6|9 forces one at 33-64 rows (A/B). */
-  if (kv8) {
-    static mla_env_switch sw8;
-    const int f8 = mla_env_int(&sw8, "KVA_MLA_F8_SMALL", 0);
-    if (rows <= 32) return 10;
-    if (f8 == 6 || f8 == 9) return f8;
-    return mla_fast_dram(cs) ? 6 : 9;
-  }
   return mla_small_kernel(cs, page_size);
 }
 
@@ -380,11 +382,16 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * (v9 too) take 2.8 us a block against 1.65, so a chunk is fewer of them:
  * at 128 rows 6 measured +5% on the two varlen rows at sk 8192 and
  * -0.3..-0.7% on three others (H100, 2026-11-27, 3 samples ABBA); at 256
- * rows 6 was level with 11. */
-extern "C" int kva_cuda_mla_split_overhead(int num_qo_heads, int max_q_len, int block, int kv8) {
+ * rows 6 was level with 11. v6's fp8 batches of two or more row tiles
+ * (H200, 2026-11-29, 2 samples ABBA, "Fiftieth session"): 3 took 2-3%
+ * less time than 6 or 11 on the two 256-row varlen rows, the ten others
+ * within +-0.7%. */
+extern "C" int kva_cuda_mla_split_overhead(const kva_cuda_state *cs, int num_qo_heads,
+                                           int max_q_len, int block, int kv8, int page_size) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
   if (rows >= 2 * KVA_MLA_BM) {
-    const int keys = (rows >= 4 * KVA_MLA_BM ? 11 : kv8 ? 6 : 18) * KVA_MLA5_BN;
+    const int v6 = kv8 && mla_pick_kernel(cs, num_qo_heads, max_q_len, kv8, page_size) == 6;
+    const int keys = (v6 ? 3 : rows >= 4 * KVA_MLA_BM ? 11 : kv8 ? 6 : 18) * KVA_MLA5_BN;
     const int b = block > 0 ? block : 1;
     return (keys + b - 1) / b;
   }
@@ -496,9 +503,10 @@ extern "C" kva_status kva_cuda_mla_attention(kva_plan *plan, const kva_pool *poo
     ver = 2;
   /* the head's wait where the walk plans the rest to end early: the costed
    * walk (kva_cuda_mla_split_costs: fewer than two row tiles) and v9's
-   * packed one (the head ends its worker, the rest starts the next); v5
-   * merges from global memory only, v6 (one row tile) as v2 */
-  a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 ? mla_merge_wait_ns() : 0u;
+   * packed one (the head ends its worker, the rest starts the next), which
+   * v6 also runs on batches of two or more row tiles; v5 merges from
+   * global memory only */
+  a.merge_wait_ns = hq * max_q < 2 * KVA_MLA_BM || ver == 9 || ver == 6 ? mla_merge_wait_ns() : 0u;
   a.l2_hints = mla_l2_hints();
   /* v5's and v6's TMA boxes of 64 keys need pages of whole 64-key runs; a
    * driver without tensor-map encoding keeps cp.async */
