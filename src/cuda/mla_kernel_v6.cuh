@@ -63,22 +63,26 @@
   } while (0)
 #endif
 
-/* KV8: fp8 latents (mla6_fp8.cuh), converted in place in their stage by
- * a fourth warpgroup, the converter (512 threads: registers 104 / 72 /
- * 2 x 168): per block j it
- * waits until the O warpgroups' P V(j - 2) left the stage (`empty`),
- * refills it with block j, prefetches block j + 1 into L2, and converts
- * block j once its bytes land; the O warpgroups only wait for P and run
- * P V, in halves of 128 columns (under 128 registers an instruction).
- * So a conversion runs beside the P V of the block before instead of in
- * the O warpgroups' chain: 9-10% less time than the O warpgroups
- * converting block j + 1 before they wait for P(j) (the forty-eighth
- * session's order, in git before 339e00c; H200, 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA;
- * h64 s_q1 sk8192 0.289 against 0.321 ms). In that older form, converting
- * after P V(j) was issued measured 1-2% slower and an arrival for column
- * blocks 0..3 ahead of 4..8 4% slower (1.5-2% slower with the converter
- * too). The tensor cores run f16 whatever
- * Q's type (a bf16 Q converted in place by warpgroup 0, mla6_q_to_f16). */
+/* KV8: fp8 latents (mla6_fp8.cuh), converted by a fourth warpgroup, the
+ * converter (512 threads: registers 104 / 72 / 2 x 168): per block j it
+ * reads the block's bytes from global memory into registers (prefetched
+ * into L2 one block ahead), waits until the O warpgroups' P V(j - 2) left
+ * the stage (`empty`) and stores the block's f16 there; the O warpgroups
+ * only wait for P and run P V, in halves of 128 columns (under 128
+ * registers an instruction). So a conversion runs beside the P V of the
+ * block before instead of in the O warpgroups' chain: 9-10% less time
+ * than the O warpgroups converting block j + 1 before they wait for P(j)
+ * (the forty-eighth session's order, in git before 339e00c; H200,
+ * 2026-11-29, FlashMLA's fp8 rows of 48-64 rows, 3 samples ABBA; h64 s_q1
+ * sk8192 0.289 against 0.321 ms). Until the fiftieth session the bytes
+ * came by bulk copies into the stage's upper half and were converted in
+ * place; from registers, the smem read and the bulk copy's write go:
+ * 0.7-2.4% less time on FlashMLA's fp8 rows of 64-256 rows. In the
+ * forty-eighth session's form, converting after P V(j) was issued
+ * measured 1-2% slower and an arrival for column blocks 0..3 ahead of
+ * 4..8 4% slower (1.5-2% slower with the converter too). The tensor cores
+ * run f16 whatever Q's type (a bf16 Q converted in place by warpgroup 0,
+ * mla6_q_to_f16). */
 /* mla5_pv_ss in halves of 128 columns (fp8 with the converter: 512
  * threads, so each instruction's registers must fit under 128) */
 static __device__ __forceinline__ void mla6_pv_ss_n128(float o[2][64], uint32_t s_p, uint32_t s_k,
@@ -239,10 +243,14 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
   }
 
   if (KV8 && wg == 3) {
-    /* the converter: per block j of a chunk, its fill (j >= 2: once the
-     * O warpgroups' P V(j - 2) left the stage; blocks 0 and 1 come from
-     * warpgroup 1 after the chunk's end, which uses the stages as scratch),
-     * the L2 prefetch of block j + KVA_MLA6_F8_PF, then the conversion */
+    /* the converter: per block j of a chunk, the L2 prefetch of block
+     * j + KVA_MLA6_F8_PF, then its keys r = cv / 4 and r + 32 of block j,
+     * 16 bytes at 16 (cv % 4) of each column group, from global memory
+     * (mla6_load_key_f8): the first key's loads go out before the stage
+     * is free (`empty`: the O threads arrive once P V(j - 2) left it, or
+     * at the chunk's start for blocks 0 and 1, after the chunk end that
+     * used both stages as scratch), the second's under the first's
+     * stores */
     kva_setmaxnreg_dec<KVA_MLA6_C_REGS>();
     const int cv = tid - 384;
     const unsigned char *const kvg = (const unsigned char *)a.kv;
@@ -251,21 +259,23 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
       mla5_chunk c;
       if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
       kva_griddep_wait(); /* the latents may come from the kernel before */
+      const int r0 = cv >> 2, q = cv & 3;
+      for (int b = 0; b < KVA_MLA6_F8_PF && b < c.nblk; b++)
+        mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, cv);
       for (int j = 0; j < c.nblk; j++) {
         const int s = j & 1, kt = c.k0 + j * BN;
-        if (j >= 2) {
-          kva_mbar_wait(MLA6_F8_EMPTY(s_bar, s), (uint32_t)((s ? e1 : e0) & 1));
-          if (s) e1++;
-          else e0++;
-          mla6_fill_f8(s_st0 + s * TILE, s_bar, s, kvg, c.pt, kt, c.k1, a, cv);
-          if (j + KVA_MLA6_F8_PF < c.nblk)
-            mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA6_F8_PF * BN, c.k1, a, cv);
-        }
-        mla6_take_f8(p_st0, s_bar, s, mla6_parity(f0, f1, j), kt, c.k1, cv);
-      }
-      if (c.nblk > 0) {
-        f0 += (c.nblk + 1) >> 1;
-        f1 += c.nblk >> 1;
+        if (j + KVA_MLA6_F8_PF < c.nblk)
+          mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA6_F8_PF * BN, c.k1, a, cv);
+        uint4 x[9];
+        mla6_load_key_f8(x, kvg, c.pt, kt + r0, c.k1, a, q);
+        kva_mbar_wait(MLA6_F8_EMPTY(s_bar, s), (uint32_t)((s ? e1 : e0) & 1));
+        if (s) e1++;
+        else e0++;
+        unsigned char *const p_st = p_st0 + s * TILE;
+        mla6_store_key_f16<true>(p_st, r0, q, x, kvg, c.pt, kt + r0 + 32, c.k1, a);
+        mla6_store_key_f16<false>(p_st, r0 + 32, q, x, kvg, c.pt, 0, 0, a);
+        kva_fence_proxy_async_smem(); /* generic stores -> the wgmmas */
+        kva_mbar_arrive(MLA6_F8_CONVERTED(s_bar, s));
       }
     }
     return;
@@ -286,14 +296,9 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
       /* Q (both warpgroups), blocks 0 and 1 (each its column blocks) */
       mla_issue_q(s_q, a, c.tok0, row0, c.rows, ct);
       kva_cp_async_mbar_arrive_noinc(s_bar);
-      if (KV8) {
-        if (h == 0) { /* warpgroup 1's 128 threads fill */
-          mla6_fill_f8(s_st0, s_bar, 0, kvg, c.pt, c.k0, c.k1, a, ct);
-          if (c.nblk > 1) mla6_fill_f8(s_st0 + TILE, s_bar, 1, kvg, c.pt, c.k0 + BN, c.k1, a, ct);
-#pragma unroll
-          for (int b = 2; b < 2 + KVA_MLA6_F8_PF; b++)
-            if (b < c.nblk) mla6_prefetch_f8(kvg, c.pt, c.k0 + b * BN, c.k1, a, ct);
-        }
+      if (KV8) { /* both stages are free for the converter */
+        kva_mbar_arrive(MLA6_F8_EMPTY(s_bar, 0));
+        if (c.nblk > 1) kva_mbar_arrive(MLA6_F8_EMPTY(s_bar, 1));
       } else {
         mla5_load<TMA>(s_st0, s_bar + 8, kvg, c.pt, c.k0, c.k1, a, h, tw);
         if (c.nblk > 1)
