@@ -318,8 +318,8 @@ static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8,
   const int64_t rows = mla_sched_rows(hq, max_q);
   /* fp8 latents. Up to 32 rows v10 (keys as M: the tensor work follows
    * the rows; 1.6-1.7x faster than v9 there). From 33 rows, where the
-   * DRAM is fast (as mla_small_kernel), v6's conversion in place by its
-   * converter warpgroup (kva_mla_kernel_v6's KV8); else v9's byte stages
+   * DRAM is fast (as mla_small_kernel), v6 with its converter warpgroup
+   * (kva_mla_kernel_v6's KV8); else v9's byte stages
    * (kva_mla_kernel_v9's KV8; v6 unmeasured on the H100). H200, against
    * v9: ~20% less time on FlashMLA's fp8 rows of 64 rows (2026-11-29,
    * "Forty-eighth" and "Forty-ninth session") and 19-22% on those of 128
@@ -385,7 +385,7 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * rows 6 was level with 11. v6's fp8 batches of two or more row tiles
  * (H200, 2026-11-29, 2 samples ABBA, "Fiftieth session"): 3 took 2-3%
  * less time than 6 or 11 on the two 256-row varlen rows, the ten others
- * within +-0.7%. */
+ * within +-1.2% of 6 and 11. */
 extern "C" int kva_cuda_mla_split_overhead(const kva_cuda_state *cs, int num_qo_heads,
                                            int max_q_len, int block, int kv8, int page_size) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
