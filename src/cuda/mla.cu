@@ -385,7 +385,7 @@ extern "C" int kva_cuda_mla_split_slack(int num_qo_heads, int max_q_len, int blo
  * rows 6 was level with 11. v6's fp8 batches of two or more row tiles
  * (H200, 2026-11-29, 2 samples ABBA, "Fiftieth session"): 3 took 2-3%
  * less time than 6 or 11 on the two 256-row varlen rows, the ten others
- * within +-1.2% of 6 and 11. */
+ * within +-1.2% of the old price (6 at 128 rows, 11 at 256). */
 extern "C" int kva_cuda_mla_split_overhead(const kva_cuda_state *cs, int num_qo_heads,
                                            int max_q_len, int block, int kv8, int page_size) {
   const int64_t rows = mla_sched_rows(num_qo_heads, max_q_len);
