@@ -9,10 +9,11 @@
  * P for two that own O), v9 (mla_kernel_v9.cuh; v6's roles on three
  * stages, Q's latent columns in warpgroup 0's registers; fp8 latents
  * through byte stages) and v10 (mla_kernel_v10.cuh; fp8 latents with the
- * keys as the wgmma M, row tiles of 16 or 32 rows). v9 runs batches of
- * more than 64 rows (q heads x new tokens), 16-bit or fp8 latents; v10 fp8
- * batches of <= 32 rows; v6 the rest where the DRAM is fast (fp8 latents
- * converted in place by a fourth warpgroup), else v2 (16-bit) and v9 (fp8);
+ * keys as the wgmma M, row tiles of 16 or 32 rows). v10 runs fp8 batches
+ * of <= 32 rows; where the DRAM is fast, v6 the other fp8 batches (their
+ * latents converted into its stages by a fourth warpgroup) and 16-bit
+ * batches of <= 64 rows (q heads x new tokens), v9 16-bit batches of more;
+ * elsewhere v2 up to 64 rows of 16-bit latents and v9 the rest (mla_pick_kernel);
  * KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces one and KVA_MLA_TMA=0 keeps
  * v5/v6/v9 on cp.async (A/B). v5, v6 and v9 are launched in clusters of
  * two row tiles (placement only: a worker's

@@ -53,8 +53,8 @@ extern "C" {
 #define KVA_MLA5_SMEM \
   (1024 + KVA_MLA_QTILE + 2 * KVA_MLA5_TILE + KVA_MLA5_P + KVA_MLA5_STATS + KVA_MLA5_BARS) /* 232096 */
 
-/* v6 (mla_kernel_v6.cuh; fp8 latents converted in place in the stages,
- * mla6_fp8.cuh): v5's 64-key blocks in two stages (P over each stage's
+/* v6 (mla_kernel_v6.cuh; fp8 latents converted into the stages by a
+ * fourth warpgroup, mla6_fp8.cuh): v5's 64-key blocks in two stages (P over each stage's
  * rope columns), three warpgroups (fp8: four); the factors c per stage,
  * the chunk's max m and sum l, 23 mbarriers (Q; stage x 9 column blocks;
  * ready per stage; the chunk's l and m written, read) and a flag. */

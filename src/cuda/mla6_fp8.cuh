@@ -46,7 +46,9 @@ static __device__ __forceinline__ void mla6_prefetch_f8(const unsigned char *kv,
 }
 
 /* Key `key`'s bytes at 16 q of its row in global memory, or NULL at and
- * past k1 */
+ * past k1. mla_slot's twin with the slot in 64 bits: through mla_slot's
+ * int slot, ptxas spilled 8 bytes in the 72-register converter instead of
+ * 4 (CUDA 13.0), a build not measured on the device. */
 static __device__ __forceinline__ const uint4 *mla6_key_src(const unsigned char *kv,
                                                            const int32_t *pt, int key, int k1,
                                                            const kva_mla_args &a, int q) {

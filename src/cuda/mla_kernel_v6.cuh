@@ -1,5 +1,5 @@
 /* MLA decode v6: one warpgroup makes S and P, two own O. 16-bit latents,
- * or fp8 converted in place (KV8, mla6_fp8.cuh). Same grid, arguments,
+ * or fp8 converted into the stages (KV8, mla6_fp8.cuh). Same grid, arguments,
  * split walk, loads (v5's 64-key blocks in two 72 KB stages, TMA or
  * cp.async, mla5_rows / mla5_copy), partial rows, in-kernel merge, causal
  * mask, LSE and PDL as v5; 384 threads (512 for fp8).
@@ -254,7 +254,6 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
     kva_setmaxnreg_dec<KVA_MLA6_C_REGS>();
     const int cv = tid - 384;
     const unsigned char *const kvg = (const unsigned char *)a.kv;
-    int e0 = 0, e1 = 0; /* waits on each stage's empty */
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla5_chunk c;
       if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;
@@ -268,14 +267,17 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
           mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA6_F8_PF * BN, c.k1, a, cv);
         uint4 x[9];
         mla6_load_key_f8(x, kvg, c.pt, kt + r0, c.k1, a, q);
-        kva_mbar_wait(MLA6_F8_EMPTY(s_bar, s), (uint32_t)((s ? e1 : e0) & 1));
-        if (s) e1++;
-        else e0++;
+        /* `empty` completes once per block of its stage, as `converted` */
+        kva_mbar_wait(MLA6_F8_EMPTY(s_bar, s), mla6_parity(f0, f1, j));
         unsigned char *const p_st = p_st0 + s * TILE;
         mla6_store_key_f16<true>(p_st, r0, q, x, kvg, c.pt, kt + r0 + 32, c.k1, a);
         mla6_store_key_f16<false>(p_st, r0 + 32, q, x, kvg, c.pt, 0, 0, a);
         kva_fence_proxy_async_smem(); /* generic stores -> the wgmmas */
         kva_mbar_arrive(MLA6_F8_CONVERTED(s_bar, s));
+      }
+      if (c.nblk > 0) {
+        f0 += (c.nblk + 1) >> 1;
+        f1 += c.nblk >> 1;
       }
     }
     return;

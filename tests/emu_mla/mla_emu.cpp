@@ -138,7 +138,7 @@ static int run_case(const Case &c, int idx) {
     emu_no_known_last = pass;
     for (int y = 0; y < tiles; y++) {
       g_y = (unsigned)y;
-      /* v6, v9: 384 threads; v10: 128 a warpgroup */
+      /* v6, v9: 384 threads (v6 with fp8: 512); v10: 128 a warpgroup */
       emu_run_grid(fn, c.workers,
                    g_run_ver == 10 ? KVA_MLA10_THREADS(KVA_MLA10_SWG(g_nq10))
                    : g_run_ver == 6 ? KVA_MLA6_THREADS_OF(c.kv8)
