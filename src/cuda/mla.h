@@ -106,7 +106,15 @@ extern "C" {
 #endif
 #define KVA_MLA10_SWG(nq) ((nq) == 16 ? KVA_MLA10_SWG16 : (nq) == 32 ? KVA_MLA10_SWG32 : 1)
 #define KVA_MLA10_THREADS(sw) (128 * ((sw) + 2))
-#define KVA_MLA10_STAGES(nq, sw) ((nq) == 64 ? 3 : (sw) == 2 ? 4 : 5)
+/* byte stages: with two S warpgroups at 16 rows a fifth fits (A/B knob;
+ * H200, 2026-11-29, 4 samples ABBA on FlashMLA's four fp8 rows of 16
+ * rows: -1.0 to +1.0% time, level; docs/performance.md, "Fifty-first
+ * session") */
+#ifndef KVA_MLA10_STAGES16_S2
+#define KVA_MLA10_STAGES16_S2 4
+#endif
+#define KVA_MLA10_STAGES(nq, sw) \
+  ((nq) == 64 ? 3 : (sw) == 2 ? ((nq) == 16 ? KVA_MLA10_STAGES16_S2 : 4) : 5)
 #define KVA_MLA10_Q(nq) (KVA_MLA_D / 64 * (nq) * 128)
 #define KVA_MLA10_P(nq) ((nq) * 128)
 #define KVA_MLA10_MISC(nq, sw) ((nq) == 64 ? 5120 : (sw) == 2 ? 4096 : 2048)
