@@ -731,12 +731,12 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
         if (!any && !tma_q.empty()) { tma_land(sched_rand() % tma_q.size()); any = 1; }
         for (int w = 0; w < NTH / 32 && !any; w++)
           if (warps[w].deferred) { complete_wait(w); any = 1; }
-        for (int t = 0; t < NTH && !any; t++) /* only sleepers left: wake them */
-          if (th[t].state == 5) {
-            for (int u = t; u < NTH; u++)
-              if (th[u].state == 5) th[u].state = 0;
-            any = 1;
-          }
+        if (!any) /* only sleepers left: wake them */
+          for (int t = 0; t < NTH; t++)
+            if (th[t].state == 5) {
+              th[t].state = 0;
+              any = 1;
+            }
         if (!any) {
           fprintf(stderr, "deadlock in CTA %d\n", b);
           for (int t = 0; t < NTH; t += 32)
@@ -754,6 +754,32 @@ void emu_run_grid(void (*body)(void), int grid, int nthreads) {
   }
 }
 
+/* Every smem address (one per 16-bit element) a wgmma's operands read,
+ * with its place: A's (K-major, from smem; its warp's 16 rows of the
+ * 64-row tile, 16 wq..) as visit(0, row, k, a), all of B's as visit(1, k,
+ * n, a). B is MN-major (transposed) with A from registers unless flag bit 7
+ * (K-major B), and with bit 6 for ss. The one walk that wg_execute reads
+ * the operands by and the checks below inspect. */
+template <class F> static void wg_walk_operands(Warp &W, const WgOp &op, F visit) {
+  const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
+  const int tb = (rs && !((op.flags >> 7) & 1)) || ((op.flags >> 6) & 1);
+  const int N = emu_wg_n(op.flags);
+  auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
+  auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
+  if (!rs) {
+    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
+    for (int i = 0; i < 16; i++) {
+      int r = 16 * wq + i;
+      for (int k = 0; k < 16; k++) visit(0, i, k, swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
+    }
+  }
+  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
+  for (int k = 0; k < 16; k++)
+    for (int n = 0; n < N; n++)
+      visit(1, k, n, swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
+                            : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
+}
+
 static void wg_execute(Warp &W, WgOp &op) {
       /* in[t]: 0..63 acc, 64..67 A regs (rs), 68..69 desc a, 70..71 desc b, 72 flags:
        * bit0 bf16, bit1 A from registers, bit2 scale_d, bits 3-4 n: N = 128 >> n (bit 5: N = 256),
@@ -761,9 +787,7 @@ static void wg_execute(Warp &W, WgOp &op) {
        * bit 8 N = 248, bit 9 N = 8; 73 warp in group */
       const uint32_t fl = op.flags;
       const int N = emu_wg_n(fl);
-      const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1, wq = (int)((&W - warps) & 3);
-      /* B MN-major: with A from registers unless bit 7 (K-major B); bit 6 for ss */
-      const int tb = (rs && !((fl >> 7) & 1)) || ((fl >> 6) & 1);
+      const int bf = fl & 1, rs = (fl >> 1) & 1, scale_d = (fl >> 2) & 1;
       const uint64_t da = op.da, db = op.db;
       for (int t = 0; t < 32; t++) {
         /* A registers are values at the issue (PTX registers are not reused
@@ -781,8 +805,6 @@ static void wg_execute(Warp &W, WgOp &op) {
                 (int)(&W - warps));
         abort();
       }
-      auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
-      auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
       auto rd = [&](uint32_t a) {
         check_smem(a, 2);
         if (chunk_stamp[a / 16] > op.issue_stamp) {
@@ -801,22 +823,8 @@ static void wg_execute(Warp &W, WgOp &op) {
           A[g][2 * q + 8] = h2f(r[2] & 0xffff, bf); A[g][2 * q + 9] = h2f(r[2] >> 16, bf);
           A[g + 8][2 * q + 8] = h2f(r[3] & 0xffff, bf); A[g + 8][2 * q + 9] = h2f(r[3] >> 16, bf);
         }
-      } else { /* K-major A: row r of the 64-row tile, this warp's rows 16 wq.. */
-        uint32_t st = field(da, 0), sbo = field(da, 32);
-        for (int i = 0; i < 16; i++) {
-          int r = 16 * wq + i;
-          for (int k = 0; k < 16; k++) A[i][k] = rd(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
-        }
       }
-      {
-        uint32_t st = field(db, 0), lbo = field(db, 16), sbo = field(db, 32);
-        for (int k = 0; k < 16; k++)
-          for (int n = 0; n < N; n++) {
-            uint32_t a = tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128 /* MN-major (transposed) */
-                            : st + (n / 8) * sbo + (n % 8) * 128 + k * 2;                         /* K-major */
-            B[k][n] = rd(swz(a));
-          }
-      }
+      wg_walk_operands(W, op, [&](int b, int x, int y, uint32_t a) { (b ? B[x][y] : A[x][y]) = rd(a); });
       static float Dout[32][128];
       for (int t = 0; t < 32; t++) {
         int g = t >> 2, q = t & 3;
@@ -834,33 +842,11 @@ static void wg_execute(Warp &W, WgOp &op) {
 /* Every smem chunk the wgmma reads must have been made visible to the async
  * proxy: a fence.proxy.async by each lane of the issuing warp after the
  * chunk was written, or by the thread that wrote it (then synchronized). */
-/* Every smem address (one per 16-bit element) a wgmma's operands read:
- * its warp's 16 rows of A (from smem) and all of B. */
-template <class F> static void wg_walk_operands(Warp &W, const WgOp &op, F visit) {
-  const int w = (int)(&W - warps), wq = w & 3, rs = (op.flags >> 1) & 1;
-  const int tb = rs || ((op.flags >> 6) & 1);
-  const int N = emu_wg_n(op.flags);
-  auto field = [](uint64_t d, int sh) { return (uint32_t)(((d >> sh) & 0x3fff) << 4); };
-  auto swz = [](uint32_t a) { return a ^ (((a >> 7) & 7) << 4); };
-  if (!rs) {
-    uint32_t st = field(op.da, 0), sbo = field(op.da, 32);
-    for (int i = 0; i < 16; i++) {
-      int r = 16 * wq + i;
-      for (int k = 0; k < 16; k++) visit(swz(st + (r / 8) * sbo + (r % 8) * 128 + k * 2));
-    }
-  }
-  uint32_t st = field(op.db, 0), lbo = field(op.db, 16), sbo = field(op.db, 32);
-  for (int k = 0; k < 16; k++)
-    for (int n = 0; n < N; n++)
-      visit(swz(tb ? st + (n / 64) * lbo + (n % 64) * 2 + (k / 8) * sbo + (k % 8) * 128
-                   : st + (n / 8) * sbo + (n % 8) * 128 + k * 2));
-}
-
 static void wg_check_visible(Warp &W, const WgOp &op) {
   const int w = (int)(&W - warps);
   uint64_t fence = UINT64_MAX;
   for (int l = 0; l < 32; l++) fence = std::min(fence, th[w * 32 + l].fence_stamp);
-  wg_walk_operands(W, op, [&](uint32_t a) {
+  wg_walk_operands(W, op, [&](int, int, int, uint32_t a) {
     const uint64_t st = chunk_stamp[a / 16];
     if (st == 0 || st < fence || th[chunk_writer[a / 16]].fence_stamp > st) return;
     fprintf(stderr, "wgmma (warp %d) reads smem at %u written after the last fence.proxy.async\n", w, a);
@@ -871,7 +857,7 @@ static void wg_check_visible(Warp &W, const WgOp &op) {
 /* FNV-1a over the bytes of smem a wgmma reads */
 static uint64_t wg_operand_hash(Warp &W, const WgOp &op) {
   uint64_t h = 1469598103934665603ull;
-  wg_walk_operands(W, op, [&](uint32_t a) {
+  wg_walk_operands(W, op, [&](int, int, int, uint32_t a) {
     check_smem(a, 2);
     for (int i = 0; i < 2; i++) h = (h ^ smem[a + i]) * 1099511628211ull;
   });
