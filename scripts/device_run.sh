@@ -23,10 +23,14 @@ SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 # The environment that runs MLA variant $1 (v2, v5, v6, or v5box4 / v6box4:
-# with four-column-block boxes, which the default runs only from 256 rows up)
+# with four-column-block boxes, which the default runs only from 256 rows up;
+# v9f8 / v9f8ip: fp8 from 33 rows on v9's byte stages / converted in place,
+# 16-bit latents as the default)
 mla_variant_env() {
   case $1 in
     v5box4 | v6box4) echo "KVA_MLA_KERNEL=${1%box4} KVA_MLA5_BOX=4" ;;
+    v9f8) echo "KVA_MLA_F8=9" ;;
+    v9f8ip) echo "KVA_MLA_F8=9 KVA_MLA9_F8IP=1" ;;
     *) echo "KVA_MLA_KERNEL=$1 KVA_MLA5_BOX=0" ;;
   esac
 }
@@ -58,7 +62,7 @@ if has sanitize; then
     rc=$?
     note "compute-sanitizer $tool (TMA prefill): rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/san_ext_$tool.log" | tail -1)"
   done
-  for v in v2 v5 v5box4 v6 v6box4; do # each MLA kernel on every case (the default picks by rows)
+  for v in v2 v5 v5box4 v6 v6box4 v9f8 v9f8ip; do # each MLA kernel on every case (the default picks by rows)
     for tool in memcheck racecheck synccheck; do
       # shellcheck disable=SC2046
       env $(mla_variant_env $v) timeout 240 compute-sanitizer --tool $tool --error-exitcode 9 "$K" check --device cuda --cases ${KVA_SAN_CASES:-6} --seed 9 --small --only mla >"$OUT/san_mla_${v}_$tool.log" 2>&1
@@ -77,7 +81,7 @@ if has test; then
     note "$(basename "$t"): rc=$rc $(tail -1 "$OUT/$(basename "$t").log")"
   done
   if [ -x "$BIN/test_cuda_mla" ]; then
-    for v in v2 v5 v5box4 v6 v6box4; do # each MLA kernel on every shape
+    for v in v2 v5 v5box4 v6 v6box4 v9f8 v9f8ip; do # each MLA kernel on every shape
       # shellcheck disable=SC2046
       env $(mla_variant_env $v) timeout 300 "$BIN/test_cuda_mla" >"$OUT/test_cuda_mla_$v.log" 2>&1
       note "test_cuda_mla ($v): rc=$? $(tail -1 "$OUT/test_cuda_mla_$v.log")"

@@ -36,5 +36,7 @@ for k in v2 v5 v6 v9 v10; do
   run "mla-$k" env EMU_MLA_KERNEL=$k "$out/emu_mla" -1 "$n" "$seed"
 done
 run mla-v10-sw1 env EMU_MLA_KERNEL=v10 "$out/emu_mla_sw1" -1 "$n" "$seed"
+# v9's fp8 converted in place (KVA_MLA9_F8IP on the device)
+run mla-v9-f8ip env EMU_MLA_KERNEL=v9 EMU_MLA9_F8IP=1 "$out/emu_mla" -1 "$n" "$seed"
 
 exit $rc

@@ -88,33 +88,49 @@ static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, uns
 
 /* ver: 2, 5, 6, 9 or 10 (5: 16-bit latents only; fp8 runs v2, v6, v9 or
  * v10; v10 fp8 only, nq its rows a CTA) */
+/* KVA_MLA9_F8IP=1: v9 runs fp8 latents on three 16-bit stages, their
+ * bytes copied into the stages and converted there by its O warpgroups
+ * (kva_mla_kernel_v9's KV8 2; mla9_f8ip.cuh), instead of two stages and
+ * byte stages (A/B; read once). */
+static int mla_v9_f8ip(void) {
+  static int read, value;
+  if (!read) {
+    const char *env = getenv("KVA_MLA9_F8IP");
+    value = env != NULL && atoi(env) == 1;
+    read = 1;
+  }
+  return value;
+}
+
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, unsigned gx,
                              unsigned gy, cudaStream_t s) {
   if (KV8 && ver == 10) return mla_launch_v10<QT>(a, nq, gx, gy, s);
   /* per kernel */
-  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[3][3][KVA_CUDA_OPTIN_DEVICES];
+  static int optin_v2[KVA_CUDA_OPTIN_DEVICES], optin_v56[4][3][KVA_CUDA_OPTIN_DEVICES];
   int smem = KVA_MLA_SMEM(KV8), threads = KVA_MLA_THREADS;
   void (*fn)(kva_mla_args) = kva_mla_kernel<QT, KV8>;
   int *optin = optin_v2;
   /* v5's, v6's and v9's instantiations: cp.async only, nine TMA boxes a
    * block, four V column blocks a box (kv_tma 0, 1, 4); fp8 latents come
    * by bulk copies only (v6, v9) */
-  void (*const v56_fn[3][3])(kva_mla_args) = {
+  void (*const v56_fn[4][3])(kva_mla_args) = {
       {kva_mla_kernel_v5<QT, 0>, kva_mla_kernel_v5<QT, 1>, kva_mla_kernel_v5<QT, 4>},
       {KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 0>,
        KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 1>,
        KV8 ? kva_mla_kernel_v6<QT, 0, 1> : kva_mla_kernel_v6<QT, 4>},
       {KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 0>,
        KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 1>,
-       KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 4>}};
+       KV8 ? kva_mla_kernel_v9<QT, 0, 1> : kva_mla_kernel_v9<QT, 4>},
+      {kva_mla_kernel_v9<QT, 0, 2>, kva_mla_kernel_v9<QT, 0, 2>, kva_mla_kernel_v9<QT, 0, 2>}};
   const int var = a->kv_tma == 4 ? 2 : a->kv_tma != 0;
-  const int v6 = ver == 6 ? 1 : ver == 9 ? 2 : 0; /* row of v56_fn */
+  /* row of v56_fn (3: v9's fp8 converted in place) */
+  const int v6 = ver == 6 ? 1 : ver == 9 ? (KV8 && mla_v9_f8ip() ? 3 : 2) : 0;
   if (KV8 && ver != 6 && ver != 9) ver = 2;
   if (ver == 5 || ver == 6 || ver == 9) {
     /* a variant with the TMA path (pools of whole 64-key pages), one
      * without: the cp.async-only kernel keeps its own schedule */
-    smem = v6 == 2 ? KVA_MLA9_SMEM : v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
+    smem = v6 >= 2 ? KVA_MLA9_SMEM : v6 ? KVA_MLA6_SMEM : KVA_MLA5_SMEM;
     threads = v6 == 1 ? KVA_MLA6_THREADS_OF(KV8) : v6 ? KVA_MLA6_THREADS : KVA_MLA_THREADS;
     fn = v56_fn[v6][var];
     optin = optin_v56[v6][var];
@@ -124,7 +140,7 @@ static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, 
    * previous layer) */
   if (ver == 2) coloc = 1;
   if (coloc == 2) {
-    static int fits[3][3][KVA_CUDA_OPTIN_DEVICES];
+    static int fits[4][3][KVA_CUDA_OPTIN_DEVICES];
     coloc = mla_pairs_fit(fn, smem, threads, s, fits[v6][var]) ? 2 : 1;
   }
   KVA_CUDA_TRY(kva_launch_pdl_cluster(fn, dim3(gx, gy), dim3((unsigned)threads), (size_t)smem, s,
@@ -327,7 +343,10 @@ static int mla_pick_kernel(const kva_cuda_state *cs, int hq, int max_q, int kv8,
    * and 256 rows (490-529 against 387-419 TFLOP/s, "Fiftieth session");
    * at 33-64 rows on the H100 v9 took 5-12% less time than v10's 64-row
    * tile ("Thirty-ninth session").
-   * KVA_MLA_F8=6|9 forces one from 33 rows (A/B). */
+   * KVA_MLA_F8=6|9 forces one from 33 rows (A/B); KVA_MLA9_F8IP=1 runs
+   * v9's fp8 in place (mla_v9_f8ip; H200, 2026-11-29: 13-17% less time
+   * than its byte stages on FlashMLA's fp8 rows of 64-256 rows, v6 still
+   * 5-11% less; not yet the H100's default: unmeasured there). */
   if (kv8) {
     static mla_env_switch sw8;
     const int f8 = mla_env_int(&sw8, "KVA_MLA_F8", 0);

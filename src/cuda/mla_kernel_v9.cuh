@@ -1,7 +1,9 @@
 /* MLA decode v9: v6's roles (one warpgroup makes S and P, two own O) on
- * three 72 KB stages instead of two; fp8 latents (KV8) on two, with
+ * three 72 KB stages instead of two; fp8 latents (KV8 1) on two, with
  * their bytes in the third's smem and converted by the O warpgroups
- * (mla9_fp8.cuh). v5's grid,
+ * (mla9_fp8.cuh), or (KV8 2, KVA_MLA9_F8IP=1) on three, their bytes
+ * copied into each stage's upper halves and converted there by the O
+ * warpgroups under P V (mla9_f8ip.cuh). v5's grid,
  * arguments, split walk, 64-key blocks and loads (mla5_rows / mla5_copy:
  * TMA or cp.async), partial rows, in-kernel merge, causal mask, LSE and
  * PDL; 384 threads.
@@ -70,6 +72,7 @@
 
 #include "cuda/mla_kernel_v6.cuh"
 #include "cuda/mla9_fp8.cuh"
+#include "cuda/mla9_f8ip.cuh"
 
 /* warpgroup 0 / each O warpgroup (see the header): 200 + 2 x 152 = 3 x 168 */
 #ifndef KVA_MLA9_S_REGS
@@ -397,16 +400,17 @@ static __device__ __forceinline__ void mla9_setmaxnreg(void) {
     kva_setmaxnreg_dec<N>();
 }
 
-/* KV8: fp8 latents (mla9_fp8.cuh; TMA 0: their bulk copies need no
- * tensor map), on f16 tensor cores whatever Q's type (a bf16 Q converted
- * as v2's, mla_q_f16x2), in two 16-bit stages. */
+/* KV8: fp8 latents (TMA 0: their copies need no tensor map), on f16
+ * tensor cores whatever Q's type (a bf16 Q converted as v2's,
+ * mla_q_f16x2): 1 in two 16-bit stages and two byte stages (mla9_fp8.cuh),
+ * 2 in three 16-bit stages converted in place (mla9_f8ip.cuh). */
 template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     kva_mla_kernel_v9(const __grid_constant__ kva_mla_args a) {
   constexpr int TILE = KVA_MLA5_TILE, BN = KVA_MLA5_BN, KB = KVA_MLA5_KBLK;
-  constexpr int NS = KV8 ? 2 : 3;           /* 16-bit stages */
+  constexpr int NS = KV8 == 1 ? 2 : 3;      /* 16-bit stages */
   constexpr int MT = KV8 ? KVA_F16 : QT;    /* the tensor cores' type */
-  static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies, not tensor maps");
+  static_assert(!KV8 || TMA == 0, "fp8 latents come by bulk copies or cp.async, not tensor maps");
   static_assert(KVA_MLA9_SMEM <= 232448, "227 KB of smem per CTA");
   static_assert(2 * KVA_MLA9_TILE8 == TILE, "KV8's byte stages fill the third stage");
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -452,7 +456,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
   if (tid == 0) {
 #pragma unroll 1
     for (int i = 0; i < 38; i++) /* stats_empty: both O warpgroups */
-      kva_mbar_init(s_bar + 8 * i, i == 31 || (KV8 && i >= MLA9_F8_BAR && i < MLA9_F8_BAR + 4)
+      kva_mbar_init(s_bar + 8 * i, i == 31 || (KV8 == 1 && i >= MLA9_F8_BAR && i < MLA9_F8_BAR + 4) ||
+                                       (KV8 == 2 && i < 27) /* every O thread converts */
                                        ? KVA_MLA_THREADS
                                        : KVA_MLA_THREADS / 2);
     if (TMA && a.kv_tma) {
@@ -579,8 +584,10 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
     float o[2][64]; /* the last 4 (columns 248..255 of the half) come at the end */
 #pragma unroll
     for (int i = 0; i < 124; i++) o[i >> 6][i & 63] = 0.0f;
-    if (KV8)
+    if (KV8 == 1)
       mla9_load_first_f8(c, p_st0, s_st0, s_bar, pw, kvg, a, h, tw, s);
+    else if (KV8 == 2)
+      mla9p_load_first(c, p_st0, s_st0, s_bar, kvg, a, KVA_MLA6_BAR_O, ct, s);
     else if (!preloaded)
       mla9_load_first<TMA>(c, s_st0, s_bar, kvg, a, h, tw, s);
     /* the stages this chunk's last three blocks free take the next chunk's
@@ -629,13 +636,28 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
       mla9_fence_o124(o);
       if (j == 0) MLA9_PHASE(nchunk, 2, kva_globaltimer());
       mla9_pv248<MT>(o, st + 8 * KB, st, h);
+      /* KV8 2: under this P V, block j + 2 (its bytes copied at the end of
+       * block j - 1, into that block's stage) converted in place */
+      if (KV8 == 2 && j >= 1 && j + 2 < c.nblk) {
+        const int s2 = s == 0 ? 2 : s - 1;
+        kva_cp_async_wait<0>();
+        mla9p_convert(p_st0 + s2 * TILE, s_bar + 72 * s2, KVA_MLA6_BAR_O, ct);
+      }
       kva_wgmma_wait<0>();
       mla9_fence_o124(o);
       mla_bar_sync(KVA_MLA6_BAR_O, KVA_MLA_THREADS); /* both P V's on the stage are over */
       /* and warpgroup 0's slivers, which read column blocks 3 and 7 (every
        * block's phase, refilled or not) */
       kva_mbar_wait(s_bar + 8 * (35 + s), (pw >> s) & 1u);
-      if (KV8) {
+      if (KV8 == 2) {
+        /* block j + 3's bytes into this stage, block j + KVA_MLA9_F8IP_PF
+         * into L2 */
+        if (j + 3 < c.nblk) {
+          mla9p_issue(st, kvg, c.pt, kt + 3 * BN, c.k1, a, ct);
+          if (j + KVA_MLA9_F8IP_PF < c.nblk)
+            mla6_prefetch_f8(kvg, c.pt, kt + KVA_MLA9_F8IP_PF * BN, c.k1, a, ct);
+        }
+      } else if (KV8) {
         /* block j + 2 into this stage (its byte stage's next phase), whose
          * byte stage then takes block j + 4 (converting block j + 1 under
          * P V(j) instead, with S(j + 1) behind it, measured 6-7% slower:

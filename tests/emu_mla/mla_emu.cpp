@@ -25,6 +25,9 @@ static unsigned g_y;
  * and v9 run fp8 latents too; v10 runs the fp8 cases only (16-bit ones on
  * v2) */
 static int g_ver = 2, g_run_ver = 2;
+/* EMU_MLA9_F8IP=1: v9's fp8 cases run its KV8 2 (three stages, the bytes
+ * converted in place by the O warpgroups, mla9_f8ip.cuh) instead of 1 */
+static int g_f8ip = 0;
 /* v10 (fp8 latents only; other cases run v2): rows a row tile, 16, 32 or 64 */
 static int g_nq10 = 16;
 template <int QT, int KV8>
@@ -42,6 +45,8 @@ static void body() {
     g_args.kv_tma == 4 ? kva_mla_kernel_v9<QT, 4>(g_args)
     : g_args.kv_tma    ? kva_mla_kernel_v9<QT, 1>(g_args)
                        : kva_mla_kernel_v9<QT, 0>(g_args);
+  else if (g_run_ver == 9 && g_f8ip)
+    kva_mla_kernel_v9<QT, 0, 2>(g_args); /* fp8 latents converted in place */
   else if (g_run_ver == 9)
     kva_mla_kernel_v9<QT, 0, 1>(g_args); /* fp8 latents: cp.async only */
   else if (g_run_ver == 6)
@@ -206,7 +211,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "EMU_MLA_KERNEL: v2, v5, v6, v9 or v10\n");
     return 2;
   }
-  printf("kernel v%d\n", g_ver);
+  g_f8ip = getenv("EMU_MLA9_F8IP") && atoi(getenv("EMU_MLA9_F8IP")) == 1;
+  printf("kernel v%d%s\n", g_ver, g_f8ip ? " (fp8 converted in place)" : "");
   const int only = argc > 1 ? atoi(argv[1]) : -1;
   const int nrand = argc > 2 ? atoi(argv[2]) : 20;
   if (argc > 3) emu_rng ^= (uint64_t)strtoull(argv[3], NULL, 10) * 0x9E3779B97F4A7C15ull;
@@ -248,6 +254,14 @@ int main(int argc, char **argv) {
    * chunk before it; docs/performance.md, forty-sixth session) */
   cases.push_back({KVA_BF16, 0, 64, 64, 1, 1, 64, 1, 0.f, {40, 100, 10, 130, 64, 0}, {1, 1, 1, 1, 1, 1}});
   cases.push_back({KVA_F16, 0, 16, 64, 1, 2, 64, 1, 0.f, {40, 100, 10, 600, 64}, {1, 1, 1, 1, 1}});
+  /* fp8 latents in chunks of many blocks, so that the key loops' refills
+   * run (the random cases' chunks are mostly of 1-3 blocks: v9's fp8 in
+   * place converts blocks j + 2 in its key loop, and a planted fault there
+   * passed every case before these): one worker of two requests; page 16;
+   * cut requests of three workers, sharp */
+  cases.push_back({KVA_BF16, 1, 64, 64, 1, 1, 64, 1, 0.f, {700, 300}, {1, 1}});
+  cases.push_back({KVA_F16, 1, 16, 32, 1, 1, 64, 2, 0.f, {600}, {2}});
+  cases.push_back({KVA_BF16, 1, 64, 128, 1, 3, 64, 1, 0.5f, {1100, 500, 300}, {1, 1, 1}});
   if (getenv("EMU_CASE")) { /* debugging: one more case, fp8 h16 s_q 1: kv_len,workers,sm_scale */
     int kl = 129, w = 1; float sc = 0.f;
     sscanf(getenv("EMU_CASE"), "%d,%d,%f", &kl, &w, &sc);
