@@ -15,7 +15,10 @@
  * less time than KV8 1 (h128 s_q1 sk8192 0.5945 against 0.7086 ms, 492
  * TFLOP/s), but v6 with its converter warpgroup took 5-11% less again
  * (0.5634), so it stays an A/B knob (KVA_MLA9_F8IP=1) until measured on an
- * H100, where v9 is the fp8 kernel from 33 rows.
+ * H100, where v9 is the fp8 kernel from 33 rows. Timing probes: without
+ * the conversion's smem reads and writes (copies, waits and barriers
+ * kept) 25% less time, 616-675 TFLOP/s: its smem traffic is the cost
+ * (docs/performance.md, "Fifty-second session", 2b).
  *
  * Thread ct (0..255 of the two O warpgroups) copies and converts key
  * ct / 4's 16 bytes at 16 (ct % 4) of each 64-byte column group. The f16
