@@ -86,22 +86,32 @@ static kva_status mla_launch_v10(const kva_mla_args *a, int nq, unsigned gx, uns
   return KVA_OK;
 }
 
-/* ver: 2, 5, 6, 9 or 10 (5: 16-bit latents only; fp8 runs v2, v6, v9 or
- * v10; v10 fp8 only, nq its rows a CTA) */
+/* An integer A/B switch from the environment, read once (launches are
+ * replayed under CUDA graphs): dflt when unset or empty; a leading 'v' is
+ * skipped (KVA_MLA_KERNEL=v5). */
+typedef struct mla_env_switch {
+  int read, value;
+} mla_env_switch;
+static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
+  if (!sw->read) {
+    const char *env = getenv(name);
+    sw->value = env == NULL || env[0] == '\0' ? dflt : atoi(env + (env[0] == 'v'));
+    sw->read = 1;
+  }
+  return sw->value;
+}
+
 /* KVA_MLA9_F8IP=1: v9 runs fp8 latents on three 16-bit stages, their
  * bytes copied into the stages and converted there by its O warpgroups
  * (kva_mla_kernel_v9's KV8 2; mla9_f8ip.cuh), instead of two stages and
- * byte stages (A/B; read once). */
+ * byte stages (A/B). */
 static int mla_v9_f8ip(void) {
-  static int read, value;
-  if (!read) {
-    const char *env = getenv("KVA_MLA9_F8IP");
-    value = env != NULL && atoi(env) == 1;
-    read = 1;
-  }
-  return value;
+  static mla_env_switch sw;
+  return mla_env_int(&sw, "KVA_MLA9_F8IP", 0) == 1;
 }
 
+/* ver: 2, 5, 6, 9 or 10 (5: 16-bit latents only; fp8 runs v2, v6, v9 or
+ * v10; v10 fp8 only, nq its rows a CTA) */
 template <int QT, int KV8>
 static kva_status mla_launch(const kva_mla_args *a, int ver, int nq, int coloc, unsigned gx,
                              unsigned gy, cudaStream_t s) {
@@ -157,21 +167,6 @@ extern "C" kva_status kva_mla_launch(const kva_mla_args *a, kva_dtype qt, int kv
                : mla_launch<KVA_F16, 0>(a, ver, nq, coloc, gx, gy, stream);
   return kv8 ? mla_launch<KVA_BF16, 1>(a, ver, nq, coloc, gx, gy, stream)
              : mla_launch<KVA_BF16, 0>(a, ver, nq, coloc, gx, gy, stream);
-}
-
-/* An integer A/B switch from the environment, read once (launches are
- * replayed under CUDA graphs): dflt when unset or empty; a leading 'v' is
- * skipped (KVA_MLA_KERNEL=v5). */
-typedef struct mla_env_switch {
-  int read, value;
-} mla_env_switch;
-static int mla_env_int(mla_env_switch *sw, const char *name, int dflt) {
-  if (!sw->read) {
-    const char *env = getenv(name);
-    sw->value = env == NULL || env[0] == '\0' ? dflt : atoi(env + (env[0] == 'v'));
-    sw->read = 1;
-  }
-  return sw->value;
 }
 
 /* KVA_MLA_KERNEL=v2|v5|v6|v9|v10 forces a kernel (A/B); 0 = by the batch's rows. */
