@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A scratch CLI for A/B runs on the device: build-cuda's kvattn relinked
-# with src/cuda/mla.cu compiled from another source tree (a git worktree
-# holding the variant) and/or with extra nvcc flags (e.g. -DSOME_KNOB=1).
-#   bash scripts/variant_cli.sh SRC_TREE NAME [nvcc flags ...]
+# with src/cuda/mla.cu (or the units named in KVA_VARIANT_UNITS, e.g.
+# "decode_d128.cu decode_d64.cu") compiled from another source tree (a git
+# worktree holding the variant) and/or with extra nvcc flags (e.g.
+# -DSOME_KNOB=1).
+#   [KVA_VARIANT_UNITS="..."] bash scripts/variant_cli.sh SRC_TREE NAME [nvcc flags ...]
 # -> .ab/NAME/kvattn (git-ignored; name .ab in the device tool's carry),
 # then e.g. KVA_AB_BINS="base:.ab/base/kvattn NAME:.ab/NAME/kvattn"
 # bash scripts/ab_mla.sh 3. Prints v6's ptxas spill lines and any
@@ -16,14 +18,16 @@ B=$root/build-cuda
 t=$(mktemp -d)
 trap 'rm -rf "$t"' EXIT
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-"$nvcc" -DKVA_WITH_CUDA=1 -D_GNU_SOURCE -I"$src/include" -I"$src/src" \
-  -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -O3 -Xcompiler=-fPIC "$@" \
-  -c "$src/src/cuda/mla.cu" -o "$t/mla.cu.o" >"$t/ptxas.log" 2>&1 || { tail -20 "$t/ptxas.log"; exit 1; }
-grep -A2 "kva_mla_kernel_v6" "$t/ptxas.log" | grep spill | sort | uniq -c || true
-grep -E "C75(12|13|15|17|20)" "$t/ptxas.log" | head -3 || true
-# the archive member is mla.cu.o, as CMake names it
 cp "$B/libkvattn.a" "$t/libkvattn.a"
-ar r "$t/libkvattn.a" "$t/mla.cu.o" 2>/dev/null
+for u in ${KVA_VARIANT_UNITS:-mla.cu}; do
+  "$nvcc" -DKVA_WITH_CUDA=1 -D_GNU_SOURCE -I"$src/include" -I"$src/src" \
+    -gencode=arch=compute_90a,code=sm_90a -Xptxas=-v -O3 -Xcompiler=-fPIC "$@" \
+    -c "$src/src/cuda/$u" -o "$t/$u.o" >"$t/ptxas.log" 2>&1 || { tail -20 "$t/ptxas.log"; exit 1; }
+  grep -A2 "kva_mla_kernel_v6" "$t/ptxas.log" | grep spill | sort | uniq -c || true
+  grep -E "C75(12|13|15|17|20)" "$t/ptxas.log" | head -3 || true
+  # the archive member is UNIT.o (mla.cu.o), as CMake names it
+  ar r "$t/libkvattn.a" "$t/$u.o" 2>/dev/null
+done
 mkdir -p "$root/.ab/$name"
 # CMake's own link line for the CLI, with the patched archive and output
 link=$(ninja -C "$B" -t commands kvattn_cli | tail -1)

@@ -175,6 +175,116 @@ static void store_both(world *cw, world *gw, int use_pre, int layer, size_t n, k
   free(vx);
 }
 
+/* The planned batch's attention on both worlds (fresh random Q, NaN-poisoned
+ * O and LSE), checked against the double reference over the GPU pool's K/V
+ * and against the CPU's output; then once more over NaN (bitwise the same
+ * for a deterministic plan). */
+static void attend_and_check(kva_context *gpu, world *cw, world *gw, const attn_case *c, int R,
+                             const int32_t *cached, const int32_t *fresh, int total_q,
+                             int layer) {
+  int ok;
+  const size_t qn = (size_t)total_q * c->hq * c->d, es = kva_dtype_size(c->qt);
+  const size_t lbytes = (size_t)total_q * c->hq * sizeof(float);
+  float *qf = NULL;
+  void *qh = rand_bytes(qn, c->qt, 1.5f, &qf);
+  unsigned char *poison = malloc(qn * es);
+  memset(poison, 0xff, qn * es); /* NaN in f32, f16 and bf16 */
+  float *lpoison = malloc(lbytes);
+  tu_poison(lpoison, lbytes / 4);
+  twin q, o, lse;
+  ok = twin_upload(gpu, &q, qh, qn * es) && twin_upload(gpu, &o, poison, qn * es) &&
+       twin_upload(gpu, &lse, lpoison, lbytes);
+  CHECK(ok, "%s: device buffers", c->name);
+  kva_attn_params prm = kva_attn_params_default();
+  prm.causal = c->causal;
+  prm.window_left = c->window;
+  prm.logit_softcap = c->softcap;
+  float *og = malloc(qn * sizeof(float)), *oc = malloc(qn * sizeof(float));
+  float *lg = malloc(lbytes);
+  unsigned char *ob = malloc(qn * es);
+  if (ok) {
+    CHECK_STATUS(kva_attention(cw->plan, cw->pool, layer, &prm, q.h, o.h,
+                               c->with_lse ? (float *)lse.h : NULL, c->qt),
+                 KVA_OK);
+    CHECK_STATUS(kva_attention(gw->plan, gw->pool, layer, &prm, q.d, o.d,
+                               c->with_lse ? (float *)lse.d : NULL, c->qt),
+                 KVA_OK);
+    CHECK_STATUS(kva_synchronize(gpu), KVA_OK);
+    CHECK_STATUS(kva_copy_to_host(gpu, ob, o.d, qn * es), KVA_OK);
+    CHECK_STATUS(kva_copy_to_host(gpu, lg, lse.d, lbytes), KVA_OK);
+    for (size_t i = 0; i < qn; i++) {
+      og[i] = kva_load_f32(ob, i, c->qt);
+      oc[i] = kva_load_f32(o.h, i, c->qt);
+    }
+    /* reference over the GPU pool's own (dequantized) K/V */
+    double *ro = malloc(qn * sizeof(double)), *rl = malloc((size_t)total_q * c->hq * sizeof(double));
+    double *co = malloc(qn * sizeof(double));
+    float **kr = calloc((size_t)R, sizeof(float *)), **vr = calloc((size_t)R, sizeof(float *));
+    int rd = 1;
+    for (int r = 0; r < R; r++)
+      if (kva_ref_read_request_kv(gw->pool, gw->tab, gw->slots[r], layer, cached[r] + fresh[r],
+                                  &kr[r], &vr[r]) != KVA_OK)
+        rd = 0;
+    CHECK(rd, "%s: reading the pool back: %s", c->name, kva_last_error());
+    if (rd) {
+      kva_ref_attention(R, cached, fresh, c->hq, c->hkv, c->d, &prm, qf,
+                        (const float *const *)kr, (const float *const *)vr, ro, rl);
+      /* 16-bit outputs: O and P rounding (bf16 8 bits, f16 11); f32 Q/O on
+       * the CUDA-core kernel: f32 accumulation only */
+      const double tol = c->qt == KVA_BF16 ? 6e-3 : c->qt == KVA_F16 ? 1e-3 : 1e-5;
+      double rel = kva_ref_rel_error(ro, og, qn);
+      CHECK(rel < tol, "%s: GPU O vs reference: relative error %.3g (tolerance %.1g)", c->name,
+            rel, tol);
+      for (size_t i = 0; i < qn; i++) co[i] = oc[i];
+      double relc = kva_ref_rel_error(co, og, qn);
+      CHECK(relc < 2 * tol, "%s: GPU O vs CPU O: relative error %.3g (tolerance %.1g)", c->name,
+            relc, 2 * tol);
+      tu_check_lse(c->name, c->with_lse, rl, lg, (size_t)total_q * c->hq);
+
+      /* The same call again, over NaN: a deterministic plan gives bitwise the
+       * same output (no races, no leftover state); by default the decode
+       * kernel's run-time tile sharing may move the last bits, so the output
+       * must then be as close to the reference as the first one. */
+      unsigned char *ob2 = malloc(qn * es);
+      CHECK_STATUS(kva_copy_to_device(gpu, o.d, poison, qn * es), KVA_OK);
+      CHECK_STATUS(kva_attention(gw->plan, gw->pool, layer, &prm, q.d, o.d,
+                                 c->with_lse ? (float *)lse.d : NULL, c->qt),
+                   KVA_OK);
+      CHECK_STATUS(kva_copy_to_host(gpu, ob2, o.d, qn * es), KVA_OK);
+      if (g_deterministic) {
+        CHECK(memcmp(ob, ob2, qn * es) == 0, "%s: second run differs (deterministic plan)",
+              c->name);
+      } else {
+        for (size_t i = 0; i < qn; i++) og[i] = kva_load_f32(ob2, i, c->qt);
+        double rel2 = kva_ref_rel_error(ro, og, qn);
+        CHECK(rel2 < tol, "%s: second run vs reference: relative error %.3g (tolerance %.1g)",
+              c->name, rel2, tol);
+      }
+      free(ob2);
+    }
+    for (int r = 0; r < R; r++) {
+      free(kr[r]);
+      free(vr[r]);
+    }
+    free(kr);
+    free(vr);
+    free(ro);
+    free(rl);
+    free(co);
+  }
+  twin_free(gpu, &q);
+  twin_free(gpu, &o);
+  twin_free(gpu, &lse);
+  free(qh);
+  free(qf);
+  free(poison);
+  free(lpoison);
+  free(og);
+  free(oc);
+  free(lg);
+  free(ob);
+}
+
 static void run_attn_case(kva_context *cpu, kva_context *gpu, const attn_case *c) {
   const int R = c->nreq > 0 ? c->nreq : 1, layer = 1;
   int max_len = 1, total_q = 0, total_pref = 0, pages = 0;
@@ -225,109 +335,55 @@ static void run_attn_case(kva_context *cpu, kva_context *gpu, const attn_case *c
   store_both(&cw, &gw, 0, layer, (size_t)total_q, c->src_t, 1.0f, c->src_t != KVA_F32, 0, c->name);
   store_both(&cw, &gw, 0, 0, (size_t)total_q, c->src_t, 1.0f, 0, 1, c->name);
 
-  const size_t qn = (size_t)total_q * c->hq * c->d, es = kva_dtype_size(c->qt);
-  const size_t lbytes = (size_t)total_q * c->hq * sizeof(float);
-  float *qf = NULL;
-  void *qh = rand_bytes(qn, c->qt, 1.5f, &qf);
-  unsigned char *poison = malloc(qn * es);
-  memset(poison, 0xff, qn * es); /* NaN in f32, f16 and bf16 */
-  float *lpoison = malloc(lbytes);
-  tu_poison(lpoison, lbytes / 4);
-  twin q, o, lse;
-  ok = twin_upload(gpu, &q, qh, qn * es) && twin_upload(gpu, &o, poison, qn * es) &&
-       twin_upload(gpu, &lse, lpoison, lbytes);
-  CHECK(ok, "%s: device buffers", c->name);
-  kva_attn_params prm = kva_attn_params_default();
-  prm.causal = c->causal;
-  prm.window_left = c->window;
-  prm.logit_softcap = c->softcap;
-  float *og = malloc(qn * sizeof(float)), *oc = malloc(qn * sizeof(float));
-  float *lg = malloc(lbytes);
-  unsigned char *ob = malloc(qn * es);
-  if (ok) {
-    CHECK_STATUS(kva_attention(cw.plan, cw.pool, layer, &prm, q.h, o.h,
-                               c->with_lse ? (float *)lse.h : NULL, c->qt),
-                 KVA_OK);
-    CHECK_STATUS(kva_attention(gw.plan, gw.pool, layer, &prm, q.d, o.d,
-                               c->with_lse ? (float *)lse.d : NULL, c->qt),
-                 KVA_OK);
-    CHECK_STATUS(kva_synchronize(gpu), KVA_OK);
-    CHECK_STATUS(kva_copy_to_host(gpu, ob, o.d, qn * es), KVA_OK);
-    CHECK_STATUS(kva_copy_to_host(gpu, lg, lse.d, lbytes), KVA_OK);
-    for (size_t i = 0; i < qn; i++) {
-      og[i] = kva_load_f32(ob, i, c->qt);
-      oc[i] = kva_load_f32(o.h, i, c->qt);
-    }
-    /* reference over the GPU pool's own (dequantized) K/V */
-    double *ro = malloc(qn * sizeof(double)), *rl = malloc((size_t)total_q * c->hq * sizeof(double));
-    double *co = malloc(qn * sizeof(double));
-    float **kr = calloc((size_t)R, sizeof(float *)), **vr = calloc((size_t)R, sizeof(float *));
-    int rd = 1;
-    for (int r = 0; r < R; r++)
-      if (kva_ref_read_request_kv(gw.pool, gw.tab, gw.slots[r], layer, cached[r] + fresh[r],
-                                  &kr[r], &vr[r]) != KVA_OK)
-        rd = 0;
-    CHECK(rd, "%s: reading the pool back: %s", c->name, kva_last_error());
-    if (rd) {
-      kva_ref_attention(R, cached, fresh, c->hq, c->hkv, c->d, &prm, qf,
-                        (const float *const *)kr, (const float *const *)vr, ro, rl);
-      /* 16-bit outputs: O and P rounding (bf16 8 bits, f16 11); f32 Q/O on
-       * the CUDA-core kernel: f32 accumulation only */
-      const double tol = c->qt == KVA_BF16 ? 6e-3 : c->qt == KVA_F16 ? 1e-3 : 1e-5;
-      double rel = kva_ref_rel_error(ro, og, qn);
-      CHECK(rel < tol, "%s: GPU O vs reference: relative error %.3g (tolerance %.1g)", c->name,
-            rel, tol);
-      for (size_t i = 0; i < qn; i++) co[i] = oc[i];
-      double relc = kva_ref_rel_error(co, og, qn);
-      CHECK(relc < 2 * tol, "%s: GPU O vs CPU O: relative error %.3g (tolerance %.1g)", c->name,
-            relc, 2 * tol);
-      tu_check_lse(c->name, c->with_lse, rl, lg, (size_t)total_q * c->hq);
-
-      /* The same call again, over NaN: a deterministic plan gives bitwise the
-       * same output (no races, no leftover state); by default the decode
-       * kernel's run-time tile sharing may move the last bits, so the output
-       * must then be as close to the reference as the first one. */
-      unsigned char *ob2 = malloc(qn * es);
-      CHECK_STATUS(kva_copy_to_device(gpu, o.d, poison, qn * es), KVA_OK);
-      CHECK_STATUS(kva_attention(gw.plan, gw.pool, layer, &prm, q.d, o.d,
-                                 c->with_lse ? (float *)lse.d : NULL, c->qt),
-                   KVA_OK);
-      CHECK_STATUS(kva_copy_to_host(gpu, ob2, o.d, qn * es), KVA_OK);
-      if (g_deterministic) {
-        CHECK(memcmp(ob, ob2, qn * es) == 0, "%s: second run differs (deterministic plan)",
-              c->name);
-      } else {
-        for (size_t i = 0; i < qn; i++) og[i] = kva_load_f32(ob2, i, c->qt);
-        double rel2 = kva_ref_rel_error(ro, og, qn);
-        CHECK(rel2 < tol, "%s: second run vs reference: relative error %.3g (tolerance %.1g)",
-              c->name, rel2, tol);
-      }
-      free(ob2);
-    }
-    for (int r = 0; r < R; r++) {
-      free(kr[r]);
-      free(vr[r]);
-    }
-    free(kr);
-    free(vr);
-    free(ro);
-    free(rl);
-    free(co);
-  }
-  twin_free(gpu, &q);
-  twin_free(gpu, &o);
-  twin_free(gpu, &lse);
-  free(qh);
-  free(qf);
-  free(poison);
-  free(lpoison);
-  free(og);
-  free(oc);
-  free(lg);
-  free(ob);
+  attend_and_check(gpu, &cw, &gw, c, R, cached, fresh, total_q, layer);
   free(cached);
   free(fresh);
 out:
+  world_free(&cw);
+  world_free(&gw);
+}
+
+/* One plan over a run of decode batches whose longest request has 8, 1, 3,
+ * 8 and 2 new tokens: an eager launch sizes its row tiles for its own batch
+ * (decode.cu, dec_shape), so the kernel's MT and grid.y change from batch to
+ * batch while the plan's split counters are reused. c->fresh are the 8
+ * tokens past each prefix; every batch attends to the whole request. */
+static void run_shape_switch_case(kva_context *cpu, kva_context *gpu, const attn_case *c) {
+  enum { R = 3, STEPS = 5 };
+  static const int32_t news[STEPS][R] = {{8, 8, 8}, {1, 1, 1}, {3, 1, 2}, {5, 8, 1}, {2, 1, 2}};
+  const int layer = 1;
+  int max_len = 1, total_pref = 0, pages = 0;
+  for (int r = 0; r < R; r++) {
+    const int len = c->cached[r] + c->fresh[r];
+    if (len > max_len) max_len = len;
+    total_pref += c->cached[r];
+    pages += (len + c->page - 1) / c->page;
+  }
+  world cw, gw;
+  int ok = world_make(&cw, cpu, c, pages + 3, max_len, total_pref, 8 * R, R, 2, layer) &&
+           world_make(&gw, gpu, c, pages + 3, max_len, total_pref, 8 * R, R, 2, layer);
+  CHECK(ok, "%s: setup", c->name);
+  if (ok) {
+    int32_t zero[R] = {0}, pre[R], cached[R], fresh[R];
+    for (int r = 0; r < R; r++) pre[r] = c->cached[r];
+    kva_batch b1 = {R, cw.slots, zero, pre};
+    CHECK_STATUS(kva_plan_update(cw.pre, &b1), KVA_OK);
+    CHECK_STATUS(kva_plan_update(gw.pre, &b1), KVA_OK);
+    store_both(&cw, &gw, 1, layer, (size_t)total_pref, KVA_F32, 1.0f, 0, 0, c->name);
+    for (int st = 0; st < STEPS; st++) {
+      int total_q = 0;
+      for (int r = 0; r < R; r++) {
+        fresh[r] = news[st][r];
+        cached[r] = c->cached[r] + c->fresh[r] - fresh[r];
+        total_q += fresh[r];
+      }
+      kva_batch b = {R, cw.slots, cached, fresh};
+      CHECK_STATUS(kva_plan_update(cw.plan, &b), KVA_OK);
+      CHECK_STATUS(kva_plan_update(gw.plan, &b), KVA_OK);
+      store_both(&cw, &gw, 0, layer, (size_t)total_q, c->src_t, 1.0f, 0, 0, c->name);
+      attend_and_check(gpu, &cw, &gw, c, R, cached, fresh, total_q, layer);
+    }
+  }
   world_free(&cw);
   world_free(&gw);
 }
@@ -509,6 +565,18 @@ int main(void) {
   for (g_deterministic = 0; g_deterministic < 2; g_deterministic++)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_attn_case(cpu, gpu, &cases[i]);
   g_deterministic = 0;
+
+  static const int cs[] = {300, 17, 90}, fs[] = {8, 8, 8};
+  const attn_case switches[] = {
+      {"shape switch d128 bf16 p16 16:2", 128, 16, 16, 2, 1, -1, 0.f, KVA_BF16, KVA_BF16,
+       KVA_BF16, 3, cs, fs, 0, 0, 1},
+      {"shape switch d128 bf16+fp8 p16 32:8", 128, 16, 32, 8, 1, -1, 0.f, KVA_BF16,
+       KVA_FP8_E4M3, KVA_BF16, 3, cs, fs, 0, 0, 1},
+      {"shape switch d64 f16+fp8 p1 16:2", 64, 1, 16, 2, 1, -1, 0.f, KVA_F16, KVA_FP8_E4M3,
+       KVA_F16, 3, cs, fs, 3, 16, 1},
+  };
+  for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++)
+    run_shape_switch_case(cpu, gpu, &switches[i]);
 
   run_fork_case(cpu, gpu, 16, KVA_BF16);
   run_fork_case(cpu, gpu, 64, KVA_FP8_E4M3);

@@ -147,6 +147,7 @@ kva_status kva_graph_state_create(kva_req_table *table, const kva_graph_config *
     return st; /* message set by kva_plan_create */
   }
   gs->plan->graph_mode = 1;
+  gs->plan->decode_q_cap = config->max_q_per_req; /* prepare refuses more */
   gs->ctx = gs->plan->ctx;
   *out = gs;
   return KVA_OK;

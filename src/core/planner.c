@@ -145,6 +145,7 @@ static kva_status plan_create(kva_pool *pool, kva_req_table *table, int max_page
   p->cfg.split_block = block;
   p->max_pages_per_req = max_pages_per_req;
   p->max_partial_rows = (int)rows;
+  p->decode_q_cap = KVA_MAX_DECODE_Q;
 
   size_t B = (size_t)config->max_batch, Q = (size_t)config->max_q_tokens;
   size_t P = (size_t)max_pages;
@@ -371,8 +372,15 @@ static kva_status schedule(plan_impl *pi, int n, const int32_t *kv_len, const in
   }
   int w = p->cfg.num_workers;
   const kva_backend *be = p->ctx->backend;
-  if (pi->auto_workers && be->default_workers && max_dq > 1) {
-    const int bw = be->default_workers(p->ctx, p->pool, p->cfg.num_qo_heads, max_dq);
+  /* MHA decode: workers for the kernel the launch runs, which a graph sizes
+   * for its capacity (decode_q_cap, decode_q_floor) */
+  int wq = max_dq;
+  if (p->pool->cfg.layout == KVA_LAYOUT_MHA && max_dq > 0) {
+    if (p->graph_mode && p->decode_q_cap > wq) wq = p->decode_q_cap;
+    if (p->decode_q_floor > wq) wq = p->decode_q_floor;
+  }
+  if (pi->auto_workers && be->default_workers && wq > 1) {
+    const int bw = be->default_workers(p->ctx, p->pool, p->cfg.num_qo_heads, wq);
     if (bw >= 1 && bw < w) w = bw;
   }
   *workers = w; /* <= cfg.num_workers */
@@ -425,7 +433,7 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
   kva_plan *p = &pi->pub;
   const int ps = p->pool->cfg.page_size;
   int32_t cq = 0, ck = 0, kvp = 0, max_q = 0, max_k = 0;
-  int nd = 0, ne = 0;
+  int nd = 0, ne = 0, max_dq = 0;
   memset(p->page_table, 0, (size_t)n * (size_t)max_pages * sizeof(int32_t));
   p->cu_seqlens_q[0] = 0;
   p->cu_seqlens_k[0] = 0;
@@ -458,10 +466,12 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
     p->cu_seqlens_k[i + 1] = ck;
     if (nn > max_q) max_q = nn;
     if (len > max_k) max_k = len;
-    if (nn <= KVA_MAX_DECODE_Q)
+    if (nn <= KVA_MAX_DECODE_Q) {
       p->decode_reqs[nd++] = i;
-    else
+      if (nn > max_dq) max_dq = nn;
+    } else {
       p->extend_reqs[ne++] = i;
+    }
   }
   memcpy(p->split_schedule, pi->tmp_sched, (size_t)W * sizeof(kva_split_work));
   for (int w = W; w < p->cfg.num_workers; w++) { /* idle: the launch grid is the capacity */
@@ -481,6 +491,7 @@ static kva_status commit(plan_impl *pi, int n, const int32_t *kv_len, const int3
   p->hdr.num_splits_total = nsplits;
   p->hdr.num_extend = ne;
   p->num_decode = nd;
+  p->max_decode_q = max_dq;
   p->num_extend = ne;
   p->total_k = ck;
   p->valid = 1;

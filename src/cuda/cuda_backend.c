@@ -124,8 +124,11 @@ static int cuda_default_workers(const kva_context *ctx, const kva_pool *pool, in
     const int w = kva_cuda_state_of(ctx)->num_sms / tiles;
     return w > 1 ? w : 1;
   }
-  const int ctas = kva_cuda_decode_ctas_per_sm(pool->cfg.head_dim);
   const int hkv = pool->cfg.num_kv_heads > 0 ? pool->cfg.num_kv_heads : 1;
+  const int q = max_q_len < 1 ? 1 : max_q_len < KVA_MAX_DECODE_Q ? max_q_len : KVA_MAX_DECODE_Q;
+  const int ctas = kva_cuda_decode_ctas_per_sm(pool->cfg.head_dim,
+                                               pool->cfg.kv_dtype == KVA_FP8_E4M3,
+                                               num_qo_heads / hkv * q);
   const int w = ctas * kva_cuda_state_of(ctx)->num_sms / hkv;
   return w > 1 ? w : 1;
 }

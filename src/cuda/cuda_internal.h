@@ -110,6 +110,19 @@ static inline void kva_cuda_fastdiv(int d, uint32_t *mul, int *shift) {
   *shift = l;
 }
 
+/* 1 unless s is known not to be under stream capture: a launch being
+ * captured takes its shape from the plan's capacity (the graph replays
+ * other batches). A failed query counts as capture (its error cleared, so
+ * that it is not taken for the next launch's). */
+static inline int kva_cuda_maybe_capturing(cudaStream_t s) {
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 1;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+
 /* Softmax constants of the tensor-core kernels, in base 2 with the fp8
  * scales folded in: logits are qk_mul * (q.k) without soft-cap, else
  * cap_log2 * tanh-like(qk_mul * (q.k)) (see the kernels); O is scaled by o_mul. */
@@ -175,7 +188,7 @@ kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int l
 
 /* CTAs per SM the decode kernel is sized for at this head dim (decode.cu);
  * default_workers fills the SMs with workers x kv heads of them. */
-int kva_cuda_decode_ctas_per_sm(int head_dim);
+int kva_cuda_decode_ctas_per_sm(int head_dim, int kv8, int rows);
 
 /* MLA decode (mla.cu): the plan's decode requests over a 576-dim latent
  * pool on the wgmma kernel, else (f32 Q/O, mixed types) the CUDA-core one. */

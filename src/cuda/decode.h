@@ -26,12 +26,18 @@ extern "C" {
 #define KVA_DEC_TILE_BYTES(d, kv8) (KVA_DEC_BK(kv8) * KVA_DEC_RS(d, kv8))
 #define KVA_DEC_STAGE_BYTES(d, kv8) (2 * KVA_DEC_TILE_BYTES(d, kv8)) /* K then V */
 #define KVA_DEC_Q_BYTES(d, mt) (16 * (mt) * KVA_DEC_QRS(d))
-/* Two CTAs per SM up to d=128 (H100: 228 KB per SM, 1 KB reserved per
- * CTA), one for d=256 (its O tile needs the registers anyway). */
-#define KVA_DEC_CTAS_PER_SM(d) ((d) > 128 ? 1 : 2)
-#define KVA_DEC_SMEM_BUDGET(d) ((d) > 128 ? 232448 : 115712)
+/* Two CTAs per SM up to d=128 (228 KB per SM, 1 KB reserved per CTA), one
+ * for d=256 (its O tile needs the registers anyway); three for fp8 KV with
+ * one m-tile, whose kernel fits 168 registers: its steps are latency-bound
+ * with two warps a scheduler (H200, 2026-11-29, ncu: no eligible warp 48-53%
+ * of cycles; three CTAs: B=1 L=128k 16% less time, B=4 13%, B=128-256
+ * L=4096 2-3%, B=64 level; bf16 KV was level to 3% slower, so it keeps
+ * two). */
+#define KVA_DEC_CTAS_PER_SM(d, kv8, mt) ((d) > 128 ? 1 : (kv8) && (mt) == 1 ? 3 : 2)
+#define KVA_DEC_SMEM_BUDGET(d, kv8, mt) \
+  ((d) > 128 ? 232448 : KVA_DEC_CTAS_PER_SM(d, kv8, mt) == 3 ? 76800 : 115712)
 #define KVA_DEC_STAGES_FIT(d, kv8, mt) \
-  ((KVA_DEC_SMEM_BUDGET(d) - KVA_DEC_Q_BYTES(d, mt)) / KVA_DEC_STAGE_BYTES(d, kv8))
+  ((KVA_DEC_SMEM_BUDGET(d, kv8, mt) - KVA_DEC_Q_BYTES(d, mt)) / KVA_DEC_STAGE_BYTES(d, kv8))
 #define KVA_DEC_STAGES(d, kv8, mt) \
   (KVA_DEC_STAGES_FIT(d, kv8, mt) > 4 ? 4 : KVA_DEC_STAGES_FIT(d, kv8, mt))
 /* Q, the ring, then the tile-claim slots (KVA_DEC_CLAIM_SLOTS ints) */

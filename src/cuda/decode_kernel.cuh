@@ -20,11 +20,14 @@
  * combine kernel.
  *
  * fp8 KV is copied as bytes (half the traffic) and converted in registers:
- * K -> Q's type with the head dim permuted inside each 16-wide k-step (Q is
+ * K -> f16 with the head dim permuted inside each 16-wide k-step (Q is
  * staged in smem with the same permutation, so Q.K is unchanged); V -> f16
  * through byte-transposing ldmatrix.trans + prmt, which permutes O's
- * columns (undone when O leaves the registers). P.V then runs in f16 (P in
- * [0, 1], V exact), k_scale is folded into qk_mul and v_scale into o_mul. */
+ * columns (undone when O leaves the registers). Both products run in f16
+ * (e4m3 -> f16 is one instruction per two values, -> bf16 four): a bf16 Q
+ * is staged as f16 times 2^-8 (fp8_q.cuh), the 2^8 folded back into the
+ * logits' multiplier; P is in [0, 1] and V exact. k_scale is folded into
+ * qk_mul and v_scale into o_mul. */
 #ifndef KVA_CUDA_DECODE_KERNEL_CUH
 #define KVA_CUDA_DECODE_KERNEL_CUH
 
@@ -32,6 +35,7 @@
 #include <stdint.h>
 
 #include "cuda/decode.h"
+#include "cuda/fp8_q.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/split_merge.cuh"
 
@@ -96,8 +100,9 @@ static __device__ __forceinline__ int dec_pre(const int32_t *pt, int kt, int k1,
 /* Q rows [row0, row0 + 16 MT) of request r for kv head kvh -> smem (16-bit,
  * stride QRS; zero rows past `rows`). fp8 KV: within each 16-element block
  * the 32-bit words are stored permuted (word P at 4 (P & 1) + (P >> 1)), the
- * order in which the fp8 ldmatrix fragments deliver K's head dims. */
-template <int D, int KV8, int MT>
+ * order in which the fp8 ldmatrix fragments deliver K's head dims, and a
+ * bf16 Q as f16 times 2^-KVA_FP8_Q_SHIFT (the QK MMA runs f16). */
+template <int D, int QT, int KV8, int MT>
 static __device__ __forceinline__ void dec_load_q(unsigned char *sq, const kva_dec_args &a,
                                                   int tok0, int kvh, int row0, int rows,
                                                   int tid) {
@@ -111,6 +116,9 @@ static __device__ __forceinline__ void dec_load_q(unsigned char *sq, const kva_d
     }
     unsigned char *dst = sq + row * QRS;
     if (KV8) {
+      if (QT != KVA_F16)
+        x = make_uint4(kva_q_bf16x2_to_f16x2(x.x), kva_q_bf16x2_to_f16x2(x.y),
+                       kva_q_bf16x2_to_f16x2(x.z), kva_q_bf16x2_to_f16x2(x.w));
       const int hb = c8 & 1; /* half of the 16-element block */
       uint32_t *blk = (uint32_t *)(dst + (c8 >> 1) * 32);
       *(uint2 *)(blk + 2 * hb) = make_uint2(x.x, x.z);
@@ -132,12 +140,6 @@ static __device__ __forceinline__ void dec_mma(float c[4], const uint32_t a[4], 
 template <int QT>
 static __device__ __forceinline__ uint32_t dec_pack(float lo, float hi) {
   return QT == KVA_F16 ? kva_pack_f16x2(lo, hi) : kva_pack_bf16x2(lo, hi);
-}
-/* two e4m3 (low 16 bits of x) -> the QK MMA type */
-template <int QT>
-static __device__ __forceinline__ uint32_t dec_e4m3x2(uint32_t x) {
-  return QT == KVA_F16 ? kva_cvt_e4m3x2_f16x2((uint16_t)(x & 0xffffu))
-                       : kva_cvt_e4m3x2_bf16x2((uint16_t)(x & 0xffffu));
 }
 
 /* Four consecutive outputs of dtype QT (8 bytes). */
@@ -182,6 +184,8 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
                                                 float (&l)[MT][2]) {
   constexpr int KW = KVA_DEC_KW(KV8), BK = KVA_DEC_BK(KV8), NT = KW / 8;
   constexpr int RS = KVA_DEC_RS(D, KV8), QRS = KVA_DEC_QRS(D), ON = D / 8;
+  constexpr int ST = KV8 ? KVA_F16 : QT; /* the QK MMA's type (dec_load_q) */
+  const float qk_mul = ST != QT ? a.qk_mul * (float)(1 << KVA_FP8_Q_SHIFT) : a.qk_mul;
   const int q = lane & 3;
   const int kw0 = kt + warp * KW; /* first key of the warp */
   /* ---- S = Q K^T over this warp's KW keys ---- */
@@ -199,8 +203,8 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
                               16 * (c ^ swz));
 #pragma unroll
       for (int j = 0; j < NT; j++) {
-        kb[j][0] = dec_e4m3x2<QT>(kr[j]);
-        kb[j][1] = dec_e4m3x2<QT>(kr[j] >> 16);
+        kb[j][0] = kva_cvt_e4m3x2_f16x2((uint16_t)(kr[j] & 0xffffu));
+        kb[j][1] = kva_cvt_e4m3x2_f16x2((uint16_t)(kr[j] >> 16));
       }
     } else { /* matrices: (keys 0-7 | 8-15) x (dims 0-7 | 8-15) of the k-step */
       uint32_t kr[4];
@@ -218,7 +222,7 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
       kva_ldmatrix_x4(qa, s_q + (16 * mi + ((lane >> 3) & 1) * 8 + (lane & 7)) * QRS +
                               (16 * c + (lane >> 4) * 8) * 2);
 #pragma unroll
-      for (int j = 0; j < NT; j++) dec_mma<QT>(s[mi][j], qa, kb[j][0], kb[j][1]);
+      for (int j = 0; j < NT; j++) dec_mma<ST>(s[mi][j], qa, kb[j][0], kb[j][1]);
     }
   }
 
@@ -232,8 +236,8 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         float x = s[mi][j][e];
-        x = cap ? a.cap_log2 * (1.0f - 2.0f * kva_rcp(kva_ex2(x * a.qk_mul) + 1.0f))
-                : x * a.qk_mul;
+        x = cap ? a.cap_log2 * (1.0f - 2.0f * kva_rcp(kva_ex2(x * qk_mul) + 1.0f))
+                : x * qk_mul;
         if (need_mask) {
           const int key = kw0 + 8 * j + 2 * q + (e & 1), pos = cached + trow[mi][e >> 1];
           const bool vis = key < k1 && (!a.causal || key <= pos) &&
@@ -335,7 +339,7 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
 }
 
 template <int D, int QT, int KV8, int MT>
-__global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
+__global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, MT))
     kva_dec_kernel(const kva_dec_args a) {
   constexpr int KVB = KV8 ? 1 : 2;
   constexpr int BK = KVA_DEC_BK(KV8);
@@ -458,7 +462,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       }
       /* Q after the KV copies are in flight (plain loads; visible to every
        * warp after the first barrier of the key loop) */
-      dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+      dec_load_q<D, QT, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
       for (int it = 0; it < ntiles; it++) {
         kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
         __syncthreads();                 /* everyone's did; tile it-1's stage is free */
@@ -496,7 +500,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D))
       }
       /* Q after the KV copies are in flight (plain loads; visible to every
        * warp after the first barrier of the key loop) */
-      dec_load_q<D, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+      dec_load_q<D, QT, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
       int seq[STAGES + 1];
 #pragma unroll
       for (int i = 0; i <= STAGES; i++) seq[i] = i < nst ? st0 + i : -1;

@@ -43,10 +43,7 @@ static int mla_pairs_fit(void (*fn)(kva_mla_args), int smem, int threads, cudaSt
   if (cudaGetDevice(&dev) != cudaSuccess) return 0;
   const int cached = dev >= 0 && dev < KVA_CUDA_OPTIN_DEVICES;
   if (cached && __atomic_load_n(&cache[dev], __ATOMIC_ACQUIRE)) return cache[dev] == 2;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess ||
-      capturing != cudaStreamCaptureStatusNone)
-    return 0;
+  if (kva_cuda_maybe_capturing(s)) return 0;
   cudaLaunchConfig_t lc = {};
   lc.gridDim = dim3(1, 2);
   lc.blockDim = dim3((unsigned)threads);
@@ -220,12 +217,7 @@ static int mla_coloc(int batch_tiles) {
 static int mla_grid_tiles(int cap_tiles, int batch_tiles, cudaStream_t s) {
   static mla_env_switch sw;
   if (!mla_env_int(&sw, "KVA_MLA_GRID", 1) || batch_tiles >= cap_tiles) return cap_tiles;
-  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess) {
-    (void)cudaGetLastError(); /* not the next launch's error */
-    return cap_tiles;
-  }
-  return capturing == cudaStreamCaptureStatusNone ? batch_tiles : cap_tiles;
+  return kva_cuda_maybe_capturing(s) ? cap_tiles : batch_tiles;
 }
 
 /* kva_mla_args.merge_wait_ns: 8 us unless KVA_MLA_MERGE_WAIT=N ns (0: no

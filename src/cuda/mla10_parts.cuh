@@ -231,7 +231,7 @@ static __device__ __forceinline__ void mla10_q_permute(unsigned char *p_q, int r
   }
   if (QT != KVA_F16)
 #pragma unroll
-    for (int i = 0; i < 32; i++) w[i] = mla_q_f16x2(w[i]);
+    for (int i = 0; i < 32; i++) w[i] = kva_q_bf16x2_to_f16x2(w[i]);
 #pragma unroll
   for (int q = 0; q < 8; q++) {
     uint32_t o[4];

@@ -90,7 +90,7 @@ static __device__ __forceinline__ void mla6_store_key_f16(unsigned char *p_st, i
   }
 }
 
-/* Warpgroup 0's Q tile (bf16, landed) -> f16 times 2^-KVA_MLA_FP8_Q_SHIFT
+/* Warpgroup 0's Q tile (bf16, landed) -> f16 times 2^-KVA_FP8_Q_SHIFT
  * in place (element-wise, so any swizzle), fenced for the wgmmas; tw:
  * the thread of warpgroup 0. The caller syncs warpgroup 0 after. */
 static __device__ __forceinline__ void mla6_q_to_f16(unsigned char *p_q, int tw) {

@@ -156,7 +156,7 @@ static __device__ __forceinline__ void mla9_load_first_f8(const mla5_chunk &c,
   }
 }
 /* KV8 with bf16 Q: Q's rope columns as this thread copied them
- * (mla9_issue_rope) -> f16 times 2^-KVA_MLA_FP8_Q_SHIFT, in place. */
+ * (mla9_issue_rope) -> f16 times 2^-KVA_FP8_Q_SHIFT, in place. */
 static __device__ __forceinline__ void mla9_rope_to_f16(unsigned char *p_rope, int tw) {
 #pragma unroll
   for (int p = 0; p < 4; p++)

@@ -30,6 +30,7 @@
 #include "cuda/mla.h"
 #include "cuda/online_max.cuh"
 #include "cuda/ptx.cuh"
+#include "cuda/fp8_q.cuh"
 #include "cuda/mla_chunk_end.cuh"
 #include "cuda/split_merge.cuh"
 #include "cuda/split_work.cuh"
@@ -173,25 +174,10 @@ static __device__ __forceinline__ void mla_fp8_step(unsigned char *p_kv, uint32_
   nslot = mla_slot(pt, k0 + (nx + 3) * KVA_MLA_BN + (tid >> 3), k1, a);
 }
 
-/* The Q tile (bf16, any swizzle: element-wise in place) -> f16 times
- * 2^-KVA_MLA_FP8_Q_SHIFT, saturated to f16's range: fp8 latents with bf16
- * Q run the tensor cores in f16, where e4m3 -> f16 is one instruction per
- * two values (-> bf16 took four). Exact for 2^-6 <= |q| <= 2^23 (f16
- * normals after the shift); the shift is undone in the logits'
- * multiplier. NaN stays NaN. */
-#define KVA_MLA_FP8_Q_SHIFT 8
-/* one bf16x2 word of Q -> f16x2 (as above) */
-static __device__ __forceinline__ uint32_t mla_q_f16x2(uint32_t w) {
-  const float sc = 1.0f / (float)(1 << KVA_MLA_FP8_Q_SHIFT), big = 65504.0f;
-  const float lo = __uint_as_float(w << 16) * sc;
-  const float hi = __uint_as_float(w & 0xffff0000u) * sc;
-  /* saturate; NaN stays NaN */
-  return kva_pack_f16x2(fabsf(lo) > big ? copysignf(big, lo) : lo,
-                        fabsf(hi) > big ? copysignf(big, hi) : hi);
-}
-/* 16 bytes of a bf16 Q -> f16 (mla_q_f16x2), in place */
+/* 16 bytes of a bf16 Q -> f16 (kva_q_bf16x2_to_f16x2), in place */
 static __device__ __forceinline__ void mla_q_f16x8(uint4 *p) {
-  *p = make_uint4(mla_q_f16x2(p->x), mla_q_f16x2(p->y), mla_q_f16x2(p->z), mla_q_f16x2(p->w));
+  *p = make_uint4(kva_q_bf16x2_to_f16x2(p->x), kva_q_bf16x2_to_f16x2(p->y),
+                  kva_q_bf16x2_to_f16x2(p->z), kva_q_bf16x2_to_f16x2(p->w));
 }
 static __device__ __forceinline__ void mla_q_bf16_to_f16(unsigned char *q, int tid) {
 #pragma unroll 2
@@ -438,7 +424,7 @@ __global__ void __launch_bounds__(KVA_MLA_THREADS, 1)
   constexpr int NS = KVA_MLA_STAGES(KV8), BN = KVA_MLA_BN, NJ = BN / 8; /* S n-tiles */
   /* the tensor cores' type: f16 for fp8 latents (see mla_q_bf16_to_f16) */
   constexpr int CT = KV8 ? KVA_F16 : QT;
-  const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+  const float qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_FP8_Q_SHIFT) : a.qk_mul;
   constexpr int SLOTS8 = KVA_MLA_SLOTS8;
   constexpr int AHEAD = KV8 ? 2 : NS - 1; /* tiles the prologue loads */
   static_assert(NJ == 4 && (KV8 ? NS == 2 : NS >= 3), "tile shape");

@@ -586,7 +586,7 @@ __global__ void __launch_bounds__(KVA_MLA10_THREADS(SW), 1)
   /* Q, the latents and the outputs belong to the kernels before (PDL) */
   kva_griddep_wait();
   x.kvg = (const unsigned char *)a.kv;
-  x.qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+  x.qk_mul = CT != QT ? a.qk_mul * (float)(1 << KVA_FP8_Q_SHIFT) : a.qk_mul;
 #ifdef KVA_MLA10_PHASES
   unsigned long long ph[KVA_TRACE_WORDS] = {0};
 #define MLA10_PH , ph

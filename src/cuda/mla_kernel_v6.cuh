@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS_OF(KV8), 1)
   int f0 = 0, f1 = 0, nq = 0, nchunk = 0;
   if (wg == 0) {
     kva_setmaxnreg_dec<KVA_MLA6_S_REGS>();
-    /* a bf16 Q in f16 is Q 2^-KVA_MLA_FP8_Q_SHIFT (mla_q_f16x2) */
-    const float qk_mul = MT != QT ? a.qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : a.qk_mul;
+    /* a bf16 Q in f16 is Q 2^-KVA_FP8_Q_SHIFT (kva_q_bf16x2_to_f16x2) */
+    const float qk_mul = MT != QT ? a.qk_mul * (float)(1 << KVA_FP8_Q_SHIFT) : a.qk_mul;
     for (int wi = wk.begin_req; wi <= wk.end_req; wi++) {
       mla5_chunk c;
       if (!mla5_chunk_at(a, wk, wi, row0, &c)) continue;

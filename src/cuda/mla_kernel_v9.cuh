@@ -212,8 +212,8 @@ static __device__ __forceinline__ void mla9_s(float s[32], const uint32_t q[32][
  * the causal positions are computed only on a masked block; the rows'
  * running max m and sum l (quad-reduced each block) live in smem (sm, sl),
  * not in registers, through S. */
-/* QS: Q was converted to f16 times 2^-KVA_MLA_FP8_Q_SHIFT (fp8 latents) */
-#define MLA9_QK_MUL(a, QS) ((QS) ? (a).qk_mul * (float)(1 << KVA_MLA_FP8_Q_SHIFT) : (a).qk_mul)
+/* QS: Q was converted to f16 times 2^-KVA_FP8_Q_SHIFT (fp8 latents) */
+#define MLA9_QK_MUL(a, QS) ((QS) ? (a).qk_mul * (float)(1 << KVA_FP8_Q_SHIFT) : (a).qk_mul)
 template <int QT, int QS = 0>
 static __device__ __forceinline__ void mla9_softmax_store(float s[32], float *sm, float *sl,
                                                           float c[2], int kt, int k1, int cached,
@@ -402,7 +402,7 @@ static __device__ __forceinline__ void mla9_setmaxnreg(void) {
 
 /* KV8: fp8 latents (TMA 0: their copies need no tensor map), on f16
  * tensor cores whatever Q's type (a bf16 Q converted as v2's,
- * mla_q_f16x2): 1 in two 16-bit stages and two byte stages (mla9_fp8.cuh),
+ * kva_q_bf16x2_to_f16x2): 1 in two 16-bit stages and two byte stages (mla9_fp8.cuh),
  * 2 in three 16-bit stages converted in place (mla9_f8ip.cuh). */
 template <int QT, int TMA, int KV8 = 0>
 __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
@@ -489,7 +489,7 @@ __global__ void __launch_bounds__(KVA_MLA6_THREADS, 1)
         mla9_load_q(q, a, c.tok0, row0, c.rows, wq, g, tq);
         if (MT != QT)
 #pragma unroll
-          for (int i = 0; i < 128; i++) q[i >> 2][i & 3] = mla_q_f16x2(q[i >> 2][i & 3]);
+          for (int i = 0; i < 128; i++) q[i >> 2][i & 3] = kva_q_bf16x2_to_f16x2(q[i >> 2][i & 3]);
       }
       if (tid == 0) mla9_find_next(a, wk, wi, row0, next_rec + MLA9_REC_INTS * ((nchunk + 1) % 3));
       if (nchunk > 0) kva_mbar_wait(stats_empty, (uint32_t)((nchunk - 1) & 1));

@@ -124,6 +124,10 @@ int main(int argc, char **argv) {
   cases.push_back({128, KVA_F16, 1, 16, 8, 2, 1, -1, 4, 32, 8, 0.f, 0.f, {2500, 1800}, {2, 1}});
   cases.push_back({64, KVA_BF16, 0, 5, 8, 2, 1, 700, 5, 16, 8, 0.f, 0.f, {2000, 900}, {3, 1}});
   cases.push_back({256, KVA_BF16, 0, 16, 4, 1, 1, -1, 4, 64, 8, 7.f, 0.f, {1500}, {2}});
+  /* fp8 KV with a bf16 Q (staged as f16 times 2^-8): split, soft-cap, d 64 and 256 */
+  cases.push_back({128, KVA_BF16, 1, 16, 8, 2, 1, -1, 4, 32, 8, 0.f, 0.f, {2500, 1800}, {2, 1}});
+  cases.push_back({64, KVA_BF16, 1, 16, 16, 2, 1, -1, 3, 64, 8, 20.f, 0.f, {700, 90}, {1, 4}});
+  cases.push_back({256, KVA_BF16, 1, 7, 4, 1, 0, 50, 3, 16, 8, 0.f, 0.f, {400}, {3}});
   /* random sweep */
   const int nrand = argc > 2 ? atoi(argv[2]) : 40;
   for (int i = 0; i < nrand; i++) {
