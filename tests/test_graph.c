@@ -79,13 +79,17 @@ typedef struct {
 static size_t tok_elems_q(void) { return (size_t)HQ * D; }
 static size_t tok_elems_kv(void) { return (size_t)HKV * D; }
 
-static int run_device(kva_device dev) {
+/* kvt: the pool's dtype (bf16, or fp8 with per-layer scales: on CUDA its
+ * decode kernel runs three CTAs an SM and sizes the graph's workers for it) */
+static int run_device(kva_device dev, kva_dtype kvt) {
   world w;
   memset(&w, 0, sizeof(w));
   kva_context_config cc = {dev, 0, 0};
   TRY(kva_context_create(&cc, &w.ctx));
-  kva_pool_config pc = {KVA_LAYOUT_MHA, LAYERS, 2048, 16, HKV, D, KVA_BF16};
+  kva_pool_config pc = {KVA_LAYOUT_MHA, LAYERS, 2048, 16, HKV, D, kvt};
   TRY(kva_pool_create(w.ctx, &pc, &w.pool));
+  for (int l = 0; kvt == KVA_FP8_E4M3 && l < LAYERS; l++)
+    TRY(kva_pool_set_scale(w.pool, l, 0.01f + 0.005f * l, 0.008f));
   TRY(kva_req_table_create(w.pool, 64, MAX_CTX, &w.table));
   kva_graph_config gc;
   memset(&gc, 0, sizeof(gc));
@@ -241,8 +245,9 @@ static int run_device(kva_device dev) {
   for (int i = 0; i < 64; i++) nb_seen += buckets_seen[i];
   EXPECT(nb_seen >= 4, "only %d buckets exercised", nb_seen);
   TRY(kva_plan_get_info(gplan, &gi));
-  printf("%s: %d steps, %d buckets used, %d reference checks, worst rel error %.3g\n",
-         dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", STEPS, nb_seen, max_err_steps, worst);
+  printf("%s, %s KV: %d steps, %d buckets used, %d reference checks, worst rel error %.3g\n",
+         dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", kvt == KVA_FP8_E4M3 ? "fp8" : "bf16", STEPS,
+         nb_seen, max_err_steps, worst);
 
   free(hq); free(hk); free(hv); free(ho_g); free(ho_e); free(hpk); free(hpv);
   kva_free(w.ctx, w.q); kva_free(w.ctx, w.k); kva_free(w.ctx, w.v);
@@ -257,9 +262,12 @@ static int run_device(kva_device dev) {
 }
 
 int main(void) {
-  if (run_device(KVA_DEVICE_CPU)) failures++;
+  const kva_dtype kvts[2] = {KVA_BF16, KVA_FP8_E4M3};
+  for (int i = 0; i < 2; i++)
+    if (run_device(KVA_DEVICE_CPU, kvts[i])) failures++;
   if (kva_device_available(KVA_DEVICE_CUDA) == KVA_OK) {
-    if (run_device(KVA_DEVICE_CUDA)) failures++;
+    for (int i = 0; i < 2; i++)
+      if (run_device(KVA_DEVICE_CUDA, kvts[i])) failures++;
   } else {
     printf("SKIP (loud): CUDA part of test_graph not run: %s\n", kva_last_error());
   }
