@@ -10,8 +10,11 @@
  *     soft-cap, q tokens 1..8, and the CUDA-core fallback (f32 Q, head dim
  *     40, Q/KV of different 16-bit types),
  *   - kva_merge_states matches the CPU merge (vector and scalar paths,
- *     -inf states, output aliasing input).
+ *     -inf states, output aliasing input),
+ *   - a caller's own stream capture of a plan's attention replays other
+ *     batches correctly and sizes their workers for the captured kernel.
  * Prints "SKIP: no CUDA device" and exits 77 without a GPU. */
+#include <cuda_runtime.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -388,6 +391,135 @@ static void run_shape_switch_case(kva_context *cpu, kva_context *gpu, const attn
   world_free(&gw);
 }
 
+/* A caller's own CUDA graph of a normal plan's attention (not a graph
+ * state): the captured launch takes the capacity's row tiles (32:8 heads at
+ * up to 8 new tokens: the two-m-tile kernel) and replays batches of 1..8 new
+ * tokens against the CPU; after the capture, the plan's one-token batches
+ * schedule the captured kernel's workers (fp8 KV: two CTAs an SM, where an
+ * eager one-token batch gets three). */
+static void run_capture_case(kva_context *cpu) {
+  enum { R = 3 };
+  static const int cs[] = {300, 17, 90}, fs[] = {8, 8, 8};
+  static const int32_t news[3][R] = {{1, 1, 1}, {8, 3, 5}, {1, 2, 1}};
+  const attn_case c = {"user capture d128 bf16+fp8 32:8", 128, 16, 32, 8, 1, -1, 0.f,
+                       KVA_BF16, KVA_FP8_E4M3, KVA_BF16, R, cs, fs, 0, 0, 1};
+  const int layer = 1, maxq = 8 * R;
+  kva_context_config gc = {KVA_DEVICE_CUDA, 0, 0};
+  kva_context *gpu = NULL;
+  cudaStream_t st = NULL;
+  CHECK_STATUS(kva_context_create(&gc, &gpu), KVA_OK);
+  CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) == cudaSuccess, "%s: stream",
+        c.name);
+  if (!gpu || !st) {
+    kva_context_destroy(gpu);
+    return;
+  }
+  CHECK_STATUS(kva_context_set_stream(gpu, st), KVA_OK);
+  int pages = 0, max_len = 1, total_pref = 0;
+  for (int r = 0; r < R; r++) {
+    const int len = cs[r] + fs[r];
+    pages += (len + c.page - 1) / c.page;
+    if (len > max_len) max_len = len;
+    total_pref += cs[r];
+  }
+  world cw, gw;
+  int ok = world_make(&cw, cpu, &c, pages + 3, max_len, total_pref, maxq, R, 2, layer) &&
+           world_make(&gw, gpu, &c, pages + 3, max_len, total_pref, maxq, R, 2, layer);
+  CHECK(ok, "%s: setup", c.name);
+  const size_t qn = (size_t)maxq * c.hq * c.d, qb = qn * 2;
+  twin q = {0}, o = {0};
+  unsigned char *poison = malloc(qb);
+  memset(poison, 0xff, qb);
+  ok = ok && twin_upload(gpu, &q, poison, qb) && twin_upload(gpu, &o, poison, qb);
+  kva_attn_params prm = kva_attn_params_default();
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  int32_t zero[R] = {0}, pre[R], cached[R], fresh[R];
+  int w_eager = 0;
+  for (int step = -1; ok && step < 3; step++) { /* -1: the batch captured */
+    int total_q = 0;
+    for (int r = 0; r < R; r++) {
+      fresh[r] = step < 0 ? fs[r] : news[step][r];
+      cached[r] = cs[r] + fs[r] - fresh[r];
+      total_q += fresh[r];
+      pre[r] = cs[r];
+    }
+    if (step < 0) { /* the prefixes, then every new token's K/V */
+      kva_batch b1 = {R, cw.slots, zero, pre};
+      CHECK_STATUS(kva_plan_update(cw.pre, &b1), KVA_OK);
+      CHECK_STATUS(kva_plan_update(gw.pre, &b1), KVA_OK);
+      store_both(&cw, &gw, 1, layer, (size_t)total_pref, KVA_F32, 1.0f, 0, 0, c.name);
+    }
+    kva_batch b = {R, cw.slots, cached, fresh};
+    CHECK_STATUS(kva_plan_update(cw.plan, &b), KVA_OK);
+    CHECK_STATUS(kva_plan_update(gw.plan, &b), KVA_OK);
+    if (step < 0) {
+      store_both(&cw, &gw, 0, layer, (size_t)total_q, KVA_BF16, 1.0f, 0, 0, c.name);
+      /* before any capture, a one-token batch's eager workers */
+      int32_t ones[R] = {1, 1, 1}, c1[R];
+      for (int r = 0; r < R; r++) c1[r] = cs[r] + fs[r] - 1;
+      kva_batch b1 = {R, cw.slots, c1, ones};
+      kva_plan_info info;
+      CHECK_STATUS(kva_plan_update(gw.plan, &b1), KVA_OK);
+      CHECK_STATUS(kva_plan_get_info(gw.plan, &info), KVA_OK);
+      w_eager = info.num_workers;
+      CHECK_STATUS(kva_plan_update(gw.plan, &b), KVA_OK);
+      CHECK_STATUS(kva_synchronize(gpu), KVA_OK);
+      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal) == cudaSuccess,
+            "%s: begin capture", c.name);
+      CHECK_STATUS(kva_attention(gw.plan, gw.pool, layer, &prm, q.d, o.d, NULL, KVA_BF16),
+                   KVA_OK);
+      CHECK(cudaStreamEndCapture(st, &graph) == cudaSuccess && graph, "%s: end capture",
+            c.name);
+      CHECK(graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess, "%s: instantiate",
+            c.name);
+      ok = exec != NULL;
+      continue;
+    }
+    kva_plan_info info;
+    CHECK_STATUS(kva_plan_get_info(gw.plan, &info), KVA_OK);
+    if (step == 0)
+      CHECK(info.num_workers < w_eager,
+            "%s: a one-token batch after the capture schedules %d workers (eager before: %d); "
+            "the captured two-m-tile kernel runs fewer CTAs an SM", c.name, info.num_workers,
+            w_eager);
+    store_both(&cw, &gw, 0, layer, (size_t)total_q, KVA_BF16, 1.0f, 0, 0, c.name);
+    const size_t n = (size_t)total_q * c.hq * c.d;
+    float *qf = NULL;
+    void *qh = rand_bytes(n, KVA_BF16, 1.5f, &qf);
+    CHECK_STATUS(kva_copy_to_device(gpu, q.d, qh, n * 2), KVA_OK);
+    CHECK_STATUS(kva_copy_to_device(gpu, o.d, poison, qb), KVA_OK);
+    CHECK(cudaGraphLaunch(exec, st) == cudaSuccess, "%s: replay", c.name);
+    CHECK_STATUS(kva_synchronize(gpu), KVA_OK);
+    unsigned char *ob = malloc(n * 2);
+    CHECK_STATUS(kva_copy_to_host(gpu, ob, o.d, n * 2), KVA_OK);
+    CHECK_STATUS(kva_attention(cw.plan, cw.pool, layer, &prm, qh, o.h, NULL, KVA_BF16), KVA_OK);
+    double *co = malloc(n * sizeof(double));
+    float *og = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+      co[i] = kva_load_f32(o.h, i, KVA_BF16);
+      og[i] = kva_load_f32(ob, i, KVA_BF16);
+    }
+    const double rel = kva_ref_rel_error(co, og, n);
+    CHECK(rel < 1.2e-2, "%s: replay %d (longest request %d tokens) vs CPU: relative error %.3g",
+          c.name, step, step == 1 ? 8 : step == 2 ? 2 : 1, rel);
+    free(co);
+    free(og);
+    free(ob);
+    free(qh);
+    free(qf);
+  }
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  twin_free(gpu, &q);
+  twin_free(gpu, &o);
+  free(poison);
+  world_free(&cw);
+  world_free(&gw);
+  kva_context_destroy(gpu);
+  cudaStreamDestroy(st);
+}
+
 /* ---- fork (copy_slots) ------------------------------------------------------ */
 
 static void run_fork_case(kva_context *cpu, kva_context *gpu, int page, kva_dtype kvt) {
@@ -577,6 +709,7 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof switches / sizeof switches[0]; i++)
     run_shape_switch_case(cpu, gpu, &switches[i]);
+  run_capture_case(cpu);
 
   run_fork_case(cpu, gpu, 16, KVA_BF16);
   run_fork_case(cpu, gpu, 64, KVA_FP8_E4M3);

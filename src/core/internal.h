@@ -126,9 +126,9 @@ struct kva_plan {
    * CUDA graph (KVA_MAX_DECODE_Q; a graph state's max_q_per_req). Eager
    * decode launches are shaped by the first, captured ones by the second. */
   int max_decode_q, decode_q_cap;
-  /* Set by a decode launch captured with the capacity's row tiles while the
-   * batch had fewer (decode.cu): later batches' workers are sized for that
-   * kernel (schedule), which the graph replays. */
+  /* Set by a decode launch being captured, which takes the capacity's row
+   * tiles (decode.cu): later batches' workers are sized for that kernel
+   * (schedule), which the graph replays. */
   int decode_q_floor;
   /* Set by a kva_graph_state that owns the plan: every run launches the
    * decode path with capacity-fixed grids whatever the host counts say

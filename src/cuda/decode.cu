@@ -23,11 +23,11 @@ static void dec_shape(kva_plan *plan, int d, cudaStream_t s, int *mt, int *row_g
   const int group = plan->cfg.num_qo_heads / plan->pool->cfg.num_kv_heads;
   int max_q = plan->decode_q_cap;
   if (plan->cfg.max_q_tokens < max_q) max_q = plan->cfg.max_q_tokens;
-  if (!plan->graph_mode && plan->max_decode_q >= 1 && plan->max_decode_q < max_q) {
-    if (!kva_cuda_maybe_capturing(s))
-      max_q = plan->max_decode_q;
-    else /* the batches it replays: workers sized for this launch's kernel */
+  if (!plan->graph_mode) {
+    if (kva_cuda_maybe_capturing(s)) /* the batches it replays: workers for this kernel */
       plan->decode_q_floor = max_q;
+    else if (plan->max_decode_q >= 1 && plan->max_decode_q < max_q)
+      max_q = plan->max_decode_q;
   }
   const int rows_cap = group * max_q;
   *mt = dec_mt(d, rows_cap);
