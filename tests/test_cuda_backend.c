@@ -346,6 +346,36 @@ out:
   world_free(&gw);
 }
 
+/* Both worlds for c's requests (lengths cached + fresh, every cached > 0),
+ * plans sized for max_q new tokens, each prefix stored (one extend batch);
+ * 0 on a setup failure (reported). */
+static int prefixed_worlds(kva_context *cpu, kva_context *gpu, const attn_case *c, int max_q,
+                           int layer, world *cw, world *gw) {
+  const int R = c->nreq;
+  int max_len = 1, total_pref = 0, pages = 0;
+  memset(cw, 0, sizeof *cw);
+  memset(gw, 0, sizeof *gw);
+  for (int r = 0; r < R; r++) {
+    const int len = c->cached[r] + c->fresh[r];
+    if (len > max_len) max_len = len;
+    total_pref += c->cached[r];
+    pages += (len + c->page - 1) / c->page;
+  }
+  int ok = world_make(cw, cpu, c, pages + 3, max_len, total_pref, max_q, R, 2, layer) &&
+           world_make(gw, gpu, c, pages + 3, max_len, total_pref, max_q, R, 2, layer);
+  CHECK(ok, "%s: setup", c->name);
+  if (!ok) return 0;
+  int32_t *zero = calloc((size_t)R, 4), *pre = calloc((size_t)R, 4);
+  for (int r = 0; r < R; r++) pre[r] = c->cached[r];
+  kva_batch b1 = {R, cw->slots, zero, pre};
+  CHECK_STATUS(kva_plan_update(cw->pre, &b1), KVA_OK);
+  CHECK_STATUS(kva_plan_update(gw->pre, &b1), KVA_OK);
+  store_both(cw, gw, 1, layer, (size_t)total_pref, KVA_F32, 1.0f, 0, 0, c->name);
+  free(zero);
+  free(pre);
+  return 1;
+}
+
 /* One plan over a run of decode batches whose longest request has 8, 1, 3,
  * 8 and 2 new tokens: an eager launch sizes its row tiles for its own batch
  * (decode.cu, dec_shape), so the kernel's MT and grid.y change from batch to
@@ -355,24 +385,9 @@ static void run_shape_switch_case(kva_context *cpu, kva_context *gpu, const attn
   enum { R = 3, STEPS = 5 };
   static const int32_t news[STEPS][R] = {{8, 8, 8}, {1, 1, 1}, {3, 1, 2}, {5, 8, 1}, {2, 1, 2}};
   const int layer = 1;
-  int max_len = 1, total_pref = 0, pages = 0;
-  for (int r = 0; r < R; r++) {
-    const int len = c->cached[r] + c->fresh[r];
-    if (len > max_len) max_len = len;
-    total_pref += c->cached[r];
-    pages += (len + c->page - 1) / c->page;
-  }
   world cw, gw;
-  int ok = world_make(&cw, cpu, c, pages + 3, max_len, total_pref, 8 * R, R, 2, layer) &&
-           world_make(&gw, gpu, c, pages + 3, max_len, total_pref, 8 * R, R, 2, layer);
-  CHECK(ok, "%s: setup", c->name);
-  if (ok) {
-    int32_t zero[R] = {0}, pre[R], cached[R], fresh[R];
-    for (int r = 0; r < R; r++) pre[r] = c->cached[r];
-    kva_batch b1 = {R, cw.slots, zero, pre};
-    CHECK_STATUS(kva_plan_update(cw.pre, &b1), KVA_OK);
-    CHECK_STATUS(kva_plan_update(gw.pre, &b1), KVA_OK);
-    store_both(&cw, &gw, 1, layer, (size_t)total_pref, KVA_F32, 1.0f, 0, 0, c->name);
+  if (prefixed_worlds(cpu, gpu, c, 8 * R, layer, &cw, &gw)) {
+    int32_t cached[R], fresh[R];
     for (int st = 0; st < STEPS; st++) {
       int total_q = 0;
       for (int r = 0; r < R; r++) {
@@ -412,20 +427,12 @@ static void run_capture_case(kva_context *cpu) {
         c.name);
   if (!gpu || !st) {
     kva_context_destroy(gpu);
+    if (st) cudaStreamDestroy(st);
     return;
   }
   CHECK_STATUS(kva_context_set_stream(gpu, st), KVA_OK);
-  int pages = 0, max_len = 1, total_pref = 0;
-  for (int r = 0; r < R; r++) {
-    const int len = cs[r] + fs[r];
-    pages += (len + c.page - 1) / c.page;
-    if (len > max_len) max_len = len;
-    total_pref += cs[r];
-  }
   world cw, gw;
-  int ok = world_make(&cw, cpu, &c, pages + 3, max_len, total_pref, maxq, R, 2, layer) &&
-           world_make(&gw, gpu, &c, pages + 3, max_len, total_pref, maxq, R, 2, layer);
-  CHECK(ok, "%s: setup", c.name);
+  int ok = prefixed_worlds(cpu, gpu, &c, maxq, layer, &cw, &gw);
   const size_t qn = (size_t)maxq * c.hq * c.d, qb = qn * 2;
   twin q = {0}, o = {0};
   unsigned char *poison = malloc(qb);
@@ -434,7 +441,7 @@ static void run_capture_case(kva_context *cpu) {
   kva_attn_params prm = kva_attn_params_default();
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
-  int32_t zero[R] = {0}, pre[R], cached[R], fresh[R];
+  int32_t cached[R], fresh[R];
   int w_eager = 0;
   for (int step = -1; ok && step < 3; step++) { /* -1: the batch captured */
     int total_q = 0;
@@ -442,18 +449,11 @@ static void run_capture_case(kva_context *cpu) {
       fresh[r] = step < 0 ? fs[r] : news[step][r];
       cached[r] = cs[r] + fs[r] - fresh[r];
       total_q += fresh[r];
-      pre[r] = cs[r];
-    }
-    if (step < 0) { /* the prefixes, then every new token's K/V */
-      kva_batch b1 = {R, cw.slots, zero, pre};
-      CHECK_STATUS(kva_plan_update(cw.pre, &b1), KVA_OK);
-      CHECK_STATUS(kva_plan_update(gw.pre, &b1), KVA_OK);
-      store_both(&cw, &gw, 1, layer, (size_t)total_pref, KVA_F32, 1.0f, 0, 0, c.name);
     }
     kva_batch b = {R, cw.slots, cached, fresh};
     CHECK_STATUS(kva_plan_update(cw.plan, &b), KVA_OK);
     CHECK_STATUS(kva_plan_update(gw.plan, &b), KVA_OK);
-    if (step < 0) {
+    if (step < 0) { /* every new token's K/V */
       store_both(&cw, &gw, 0, layer, (size_t)total_q, KVA_BF16, 1.0f, 0, 0, c.name);
       /* before any capture, a one-token batch's eager workers */
       int32_t ones[R] = {1, 1, 1}, c1[R];
