@@ -12,6 +12,9 @@
 #    of 128-256 rows, v9 (the H100's default: byte stages) against v9 in
 #    place and v6.
 # 3. FlashMLA's table as the default runs it (scripts/device_run.sh mla).
+# 4. The decode kernel as the fifty-third session changed it on the H200
+#    alone (fp8 K in f16, row tiles from the batch, three CTAs an SM for
+#    fp8 KV): test_cuda_backend and the decode table (device_run.sh decode).
 # Works on any Hopper device (on the H200 the defaults are v6, so each A/B
 # still compares the two kernels). Logs under $OUT; a short table last.
 set -uo pipefail
@@ -44,3 +47,8 @@ ab fp8_compute scripts/shapes/mla_fp8_compute.txt "v9:KVA_MLA_F8=9 v9ip:KVA_MLA_
 KVA_BIN=$BIN OUT=$OUT/table timeout 300 bash scripts/device_run.sh mla >"$OUT/table.log" 2>&1
 say "== FlashMLA's table, defaults"
 grep '^mla b=' "$OUT/table.log" | tee -a "$L"
+(cd "$BIN" && timeout 300 ./test_cuda_backend >"$OUT/test_cuda_backend.log" 2>&1)
+say "test_cuda_backend: rc=$? $(tail -1 "$OUT/test_cuda_backend.log")"
+KVA_BIN=$BIN OUT=$OUT/decode timeout 300 bash scripts/device_run.sh decode >"$OUT/decode.log" 2>&1
+say "== decode table, defaults"
+sed -n '/^decode (GB\/s/,$p' "$OUT/decode.log" | tee -a "$L"
