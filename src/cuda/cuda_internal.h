@@ -186,8 +186,9 @@ kva_status kva_cuda_decode_attention(kva_plan *plan, const kva_pool *pool, int l
                                      const kva_attn_params *params, const void *q, void *o,
                                      float *lse, kva_dtype dtype);
 
-/* CTAs per SM the decode kernel is sized for at this head dim (decode.cu);
- * default_workers fills the SMs with workers x kv heads of them. */
+/* CTAs per SM the decode kernel is sized for at this head dim, KV type and
+ * rows a kv head (group x new tokens) (decode.cu); default_workers fills
+ * the SMs with workers x kv heads of them. */
 int kva_cuda_decode_ctas_per_sm(int head_dim, int kv8, int rows);
 
 /* MLA decode (mla.cu): the plan's decode requests over a 576-dim latent
