@@ -45,6 +45,14 @@ extern "C" {
 #define KVA_DEC_RING_END(d, kv8, mt) \
   (KVA_DEC_Q_BYTES(d, mt) + KVA_DEC_STAGES(d, kv8, mt) * KVA_DEC_STAGE_BYTES(d, kv8))
 #define KVA_DEC_SMEM(d, kv8, mt) (KVA_DEC_RING_END(d, kv8, mt) + 4 * KVA_DEC_CLAIM_SLOTS)
+/* Chunks whose partial rows the merging CTA loads before it uses any
+ * (kva_split_merge4). H200, 2026-11-29 ("Fifty-fourth session", 3 samples
+ * ABBA; B=1 has 33 chunks a kv head with bf16 KV, 49 with fp8 at three
+ * CTAs an SM): against 8, 16 took 0.5-1.2% less time on bf16 B=1
+ * L=32k-128k (the last CTA's merge 2.05 -> 1.76-1.86 us), level at B=2-128;
+ * on fp8 B=1 L=32k/128k 24 took 3.9/1.3% less (16: 1.8% / level). 24 on
+ * bf16 and 32 on either were no better than 16. */
+#define KVA_DEC_MERGE_BATCH(kv8) ((kv8) ? 24 : 16)
 /* Merge scratch (aliases the ring after the key loop): per warp its O rows
  * (f32, stride d + 8) then m and l of each row. */
 #define KVA_DEC_OS(d) ((d) + 8)

@@ -154,7 +154,7 @@ static __device__ __forceinline__ void dec_store4(void *p, float x0, float x1, f
  * token t is partial row split_row_offset[r] + j * nt + t; partials are read
  * through L2 (__ldcg: other SMs wrote them). The order over j is fixed, so
  * the result does not depend on which chunk was last. */
-template <int D, int QT>
+template <int D, int QT, int KV8>
 static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit, int nt, int tok0,
                                         int kvh, int row0, int rows_here, int tid) {
   for (int idx = tid; idx < rows_here * (D / 4); idx += KVA_DEC_THREADS) {
@@ -163,7 +163,8 @@ static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit
     const size_t p0 = (size_t)a.split_row_offset[r] + t;
     float mx, ws;
     const float4 acc =
-        kva_split_merge4(a.part_o, a.part_lse, p0, nt, a.hq, h, nsplit, D, d4, &mx, &ws);
+        kva_split_merge4<KVA_DEC_MERGE_BATCH(KV8)>(a.part_o, a.part_lse, p0, nt, a.hq, h, nsplit,
+                                                   D, d4, &mx, &ws);
     const float inv = ws > 0.0f ? 1.0f / ws : 0.0f;
     const size_t orow = (size_t)(tok0 + t) * a.hq + h;
     dec_store4<QT>((uint16_t *)a.o + orow * D + 4 * d4, acc.x * inv, acc.y * inv, acc.z * inv,
@@ -643,7 +644,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         trace_merges++;
         KVA_TRACE_STAMP(5, kva_globaltimer());
         KVA_TRACE_STAMP(6, kva_globaltimer());
-        dec_merge_chunks<D, QT>(a, r, nsplit, nt, tok0, kvh, row0, rows_here, tid);
+        dec_merge_chunks<D, QT, KV8>(a, r, nsplit, nt, tok0, kvh, row0, rows_here, tid);
         KVA_TRACE_STAMP(7, kva_globaltimer());
       }
     }

@@ -19,16 +19,16 @@
  *
  * One pass with a running max, in base 2 and without branches, chunks in a
  * fixed order j = 0, 1, ... (the result does not depend on which CTA merges)
- * and the loads of KVA_SPLIT_MERGE_BATCH chunks issued before any is used.
+ * and the loads of BATCH chunks issued before any is used.
  * This runs once per step, after every other chunk finished, on the step's
  * critical path, from cold instruction caches: its code size is its cost.
  * Measured on the H100 (KVA_DEC_TRACE): with expf and a rescale branch per
  * chunk the last CTA's merge of 32 chunks took 4-5 us whether 4, 8 or 16
  * loads were in flight (staging every row in smem first: 6-7 us); this form
- * (~200 fewer instructions) takes ~2 us. */
-#define KVA_SPLIT_MERGE_BATCH 8
+ * (~200 fewer instructions) takes ~2 us. The batch: see KVA_DEC_MERGE_BATCH. */
 #define KVA_SPLIT_LOG2E 1.4426950408889634f
 #define KVA_SPLIT_LN2 0.6931471805599453f
+template <int BATCH>
 static __device__ __forceinline__ float4 kva_split_merge4(const float *part_o,
                                                           const float *part_lse, size_t p0,
                                                           int nt, int hq, int h, int nsplit,
@@ -37,19 +37,19 @@ static __device__ __forceinline__ float4 kva_split_merge4(const float *part_o,
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   const size_t lstride = (size_t)nt * hq, ostride = lstride * dv; /* chunk to chunk */
   const float *lp = part_lse + p0 * hq + h, *op = part_o + (p0 * hq + h) * dv + 4 * d4;
-  for (int j0 = 0; j0 < nsplit; j0 += KVA_SPLIT_MERGE_BATCH) {
-    float sj[KVA_SPLIT_MERGE_BATCH];
-    float4 v[KVA_SPLIT_MERGE_BATCH];
+  for (int j0 = 0; j0 < nsplit; j0 += BATCH) {
+    float sj[BATCH];
+    float4 v[BATCH];
 #pragma unroll
-    for (int i = 0; i < KVA_SPLIT_MERGE_BATCH; i++) {
+    for (int i = 0; i < BATCH; i++) {
       const bool in = j0 + i < nsplit;
       sj[i] = in ? __ldcg(lp + i * lstride) : -INFINITY;
       v[i] = in ? __ldcg((const float4 *)(op + i * ostride)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    lp += KVA_SPLIT_MERGE_BATCH * lstride;
-    op += KVA_SPLIT_MERGE_BATCH * ostride;
+    lp += BATCH * lstride;
+    op += BATCH * ostride;
 #pragma unroll
-    for (int i = 0; i < KVA_SPLIT_MERGE_BATCH; i++) { /* base 2, branch-free: short code */
+    for (int i = 0; i < BATCH; i++) { /* base 2, branch-free: short code */
       const float s2 = sj[i] * KVA_SPLIT_LOG2E, mn = fmaxf(m, s2);
       const float mu = mn == -INFINITY ? 0.0f : mn; /* nothing yet: weights 0, no NaN */
       const float sc = kva_ex2(m - mu), w = kva_ex2(s2 - mu);
