@@ -22,11 +22,13 @@ def groups(key):
 
 
 def decode():
-    d = groups(lambda r: (r["batch"], r["ctx"], r["varlen"], r["kv_dtype"], r["bin"]))
+    d = groups(lambda r: (r["batch"], r["ctx"], r["varlen"], r["kv_dtype"], r["heads"],
+                          r.get("sq", 1), r["bin"]))
     for k in sorted(d):
         ts = sorted(r["time_ms"] for r in d[k])
         rs = sorted(r["ratio"] for r in d[k])
-        print("B=%d L=%d var=%d %s %-10s ms %s ratio %s" % (k[0], k[1], k[2], k[3], k[4],
+        extra = ("" if k[4] == "32:8" else " " + k[4]) + ("" if k[5] == 1 else " sq=%d" % k[5])
+        print("B=%d L=%d var=%d %s%s %-10s ms %s ratio %s" % (k[0], k[1], k[2], k[3], extra, k[6],
               " ".join("%.4f" % t for t in ts), " ".join("%.3f" % x for x in rs)))
 
 

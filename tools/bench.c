@@ -222,8 +222,9 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
   int32_t *slots = (int32_t *)malloc((size_t)B * 4);
   long long kv_tokens = 0, pairs = 0, total_q = 0, pages_total = 0;
   int max_len = 0;
+  const int sq = o->mixed || o->prefill ? 1 : o->sq; /* decode: new tokens a request */
   for (int i = 0; i < B; i++) {
-    int len = bench_draw_len(o, L, 1, rng);
+    int len = bench_draw_len(o, L, sq, rng);
     if (o->mixed) { /* prefix uniform in [0, --prefix], new tokens in [1, L] */
       cached[i] = kva_rng_int(rng, 0, o->prefix);
       nnew[i] = kva_rng_int(rng, 1, L);
@@ -231,8 +232,8 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
       cached[i] = o->prefix;
       nnew[i] = len;
     } else {
-      nnew[i] = 1;
-      cached[i] = len - 1;
+      nnew[i] = sq;
+      cached[i] = len - sq;
     }
     int kv = cached[i] + nnew[i];
     if (kv > max_len) max_len = kv;
@@ -277,16 +278,19 @@ static int run_config(kva_context *ctx, const bench_opts *o, int B, int L, doubl
            "\"head_dim\":%d,\"page\":%d,\"dtype\":\"%s\",\"kv_dtype\":\"%s\",\"causal\":%d,\"prefix\":%d,"
            "\"layers\":%d,\"iters\":%d,\"kv_tokens\":%lld,\"q_tokens\":%lld,\"time_ms\":%.4f,\"kv_gbps\":%.1f,"
            "\"tflops\":%.2f,\"ceiling_gbps\":%.1f,\"ratio\":%.3f,\"launches_per_sample\":%d,\"single_ms\":%.4f,"
-           "\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"deterministic\":%d,\"warm_ms\":%d}\n",
+           "\"host_us\":%.2f,\"workers\":%d,\"split_block\":%d,\"deterministic\":%d,\"warm_ms\":%d,"
+           "\"sq\":%d}\n",
            o->dev == KVA_DEVICE_CUDA ? "cuda" : "cpu", o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L,
            o->varlen, heads, o->d, o->page, kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype),
            o->causal, o->prefix, layers, iters, kv_tokens, total_q, t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling, reps, t_single * 1e3, tm.t_host * 1e6, o->workers, o->split_block,
-           o->deterministic, o->warm_ms);
+           o->deterministic, o->warm_ms, sq);
   } else {
-    printf("%-7s B=%-4d L=%-6d%s%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
+    char sqs[16] = "";
+    if (sq > 1) snprintf(sqs, sizeof(sqs), " sq=%d", sq);
+    printf("%-7s B=%-4d L=%-6d%s%s%s heads=%s d=%d page=%d q=%s kv=%s: %.3f ms, %.1f GB/s KV read, "
            "%.2f TFLOP/s, ceiling %.1f GB/s, ratio %.3f\n",
-           o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L, o->varlen ? " varlen" : "",
+           o->mixed ? "mixed" : o->prefill ? "prefill" : "decode", B, L, sqs, o->varlen ? " varlen" : "",
            o->deterministic ? " deterministic" : "", heads, o->d, o->page,
            kva_dtype_name(o->dtype), kva_dtype_name(o->kv_dtype), t * 1e3, gbps, tflops, ceiling,
            gbps / ceiling);
@@ -312,11 +316,12 @@ static void usage(FILE *f) {
           "                    [--causal 0|1] [--prefix N] [--iters N] [--threads N]\n"
           "                    [--layers N] [--workers N] [--split-block N] [--sq N]\n"
           "                    [--deterministic] [--warm-ms MS] [--json]\n"
-          "decode: B requests of L cached tokens (+1 new); prefill: B requests of L new tokens\n"
-          "after --prefix cached ones; mixed: B requests of U[0, --prefix] cached and U[1, L]\n"
-          "new tokens (requests of <= 8 new tokens run as decode). --varlen draws lengths from\n"
-          "N(L, L/2) clipped at 1. Lengths use a fixed seed. Comma lists in --batch/--ctx run\n"
-          "every combination (progress on stderr).\n"
+          "decode: B requests of L keys, the last --sq (1..8, default 1) of them new (causal);\n"
+          "prefill: B requests of L new tokens after --prefix cached ones; mixed: B requests of\n"
+          "U[0, --prefix] cached and U[1, L] new tokens (requests of <= 8 new tokens run as\n"
+          "decode). --varlen draws lengths from N(L, L/2) clipped at 1 (decode: at --sq).\n"
+          "Lengths use a fixed seed. Comma lists in --batch/--ctx run every combination\n"
+          "(progress on stderr).\n"
           "mla: FlashMLA's decode: B requests of --sq (1..8, default 1) new tokens and L keys in\n"
           "all (cache_seqlens; --varlen: N(L, L/2) clipped at sq), latent cache of 576 dims\n"
           "(V = first 512), --heads HQ:1, page 64 unless --page; reports GB/s of latent read\n"

@@ -9,7 +9,7 @@ typedef struct {
   kva_device dev;
   int prefill, mixed, hq, hkv, d, page, varlen, causal, prefix, iters, json, threads, layers, workers, split_block;
   kva_dtype dtype, kv_dtype;
-  int mla, sq; /* --mode mla: FlashMLA decode with sq new tokens per request */
+  int mla, sq; /* --mode mla: FlashMLA decode; sq: new tokens per request (decode, mla) */
   int deterministic; /* --deterministic: the plan's config flag */
   int warm_ms; /* --warm-ms: CUDA launches back to back this long before timing */
 } bench_opts;

@@ -31,6 +31,7 @@
 #ifndef KVA_CUDA_DECODE_KERNEL_CUH
 #define KVA_CUDA_DECODE_KERNEL_CUH
 
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 
@@ -50,33 +51,50 @@ static __device__ __forceinline__ int dec_swz(int row) {
   return D == 64 ? (row >> 1) & 3 : row & 7;
 }
 
-/* KV slot of `key` (page table row pt), -1 at or past k1. */
-static __device__ __forceinline__ int dec_slot(const int32_t *pt, int key, int k1, int ps,
-                                               uint32_t ps_mul, int ps_shift) {
-  if (key >= k1) return -1;
+/* Where a tile row's key lives: its page's entry in the page table (-1: no
+ * row, at or past k1) and the key's offset in that page; the slot is
+ * page * ps + off (dec_issue). The entry is loaded a tile before dec_issue
+ * first uses it. When dec_pre returned the slot itself, the use sat right
+ * after the load: ncu (H200, 2026-11-29, B=64 L=4096 32:8) put 23% of the
+ * warps' stall samples on it with 4 new tokens a request, 14% with 8. */
+typedef struct {
+  int page, off;
+} dec_row;
+static __device__ __forceinline__ dec_row dec_locate(const int32_t *pt, int key, int k1, int ps,
+                                                     uint32_t ps_mul, int ps_shift) {
   /* key / ps by multiply-high (exact for key < 2^31) */
   const uint32_t pg = (__umulhi((uint32_t)key, ps_mul) + (uint32_t)key) >> ps_shift;
-  return __ldg(pt + pg) * ps + (key - (int)pg * ps);
+  dec_row r;
+  r.page = key < k1 ? __ldg(pt + pg) : -1;
+  r.off = key - (int)pg * ps;
+  return r;
+}
+static __device__ __forceinline__ dec_row dec_no_row(void) {
+  dec_row r;
+  r.page = -1;
+  r.off = 0;
+  return r;
 }
 
 /* Issues one K and one V tile into kdst/vdst. Thread tid copies chunk
  * tid % CH of rows tid / CH + i * RPI; the slot of each row comes from lane
- * i * RW + lane / CH of the warp, whose `pre` holds the slot of tile row
+ * i * RW + lane / CH of the warp, whose `pre` locates tile row
  * warp * RW + lane % RW + (lane / RW) * RPI (dec_pre). Rows past the chunk
  * (slot -1) are zero-filled so that masked P * V stays finite. kg/vg point
  * at the kv head's row of slot 0; row_bytes = hkv * D * KVB. */
 template <int D, int KV8>
-static __device__ __forceinline__ void dec_issue(uint32_t kdst, uint32_t vdst, int pre,
-                                                 const unsigned char *kg,
+static __device__ __forceinline__ void dec_issue(uint32_t kdst, uint32_t vdst, dec_row pre,
+                                                 int ps, const unsigned char *kg,
                                                  const unsigned char *vg, int64_t row_bytes,
                                                  int tid) {
   constexpr int KVB = KV8 ? 1 : 2, CH = D * KVB / 16, RPI = KVA_DEC_THREADS / CH;
   constexpr int LIT = KVA_DEC_BK(KV8) / RPI, RW = 32 / CH, RS = KVA_DEC_RS(D, KV8);
   static_assert(CH <= 32 && 32 % CH == 0 && KVA_DEC_BK(KV8) % RPI == 0, "copy mapping");
   const int lane = tid & 31, c = tid % CH;
+  const int mine = pre.page >= 0 ? pre.page * ps + pre.off : -1;
 #pragma unroll
   for (int i = 0; i < LIT; i++) {
-    const int slot = __shfl_sync(0xffffffffu, pre, i * RW + lane / CH);
+    const int slot = __shfl_sync(0xffffffffu, mine, i * RW + lane / CH);
     const int row = tid / CH + i * RPI;
     const uint32_t dst = (uint32_t)(row * RS + (KV8 ? c ^ dec_swz<D>(row) : c) * 16);
     const int64_t off = (slot >= 0 ? (int64_t)slot * row_bytes : 0) + c * 16;
@@ -86,15 +104,15 @@ static __device__ __forceinline__ void dec_issue(uint32_t kdst, uint32_t vdst, i
   }
 }
 
-/* This lane's row slot for the tile starting at key kt (see dec_issue). */
+/* This lane's tile row for the tile starting at key kt (see dec_issue). */
 template <int D, int KV8>
-static __device__ __forceinline__ int dec_pre(const int32_t *pt, int kt, int k1, int ps,
-                                              uint32_t ps_mul, int ps_shift, int tid) {
+static __device__ __forceinline__ dec_row dec_pre(const int32_t *pt, int kt, int k1, int ps,
+                                                  uint32_t ps_mul, int ps_shift, int tid) {
   constexpr int CH = D * (KV8 ? 1 : 2) / 16, RPI = KVA_DEC_THREADS / CH, RW = 32 / CH;
   const int lane = tid & 31, warp = tid >> 5;
-  if (lane >= KVA_DEC_BK(KV8) / 4) return -1; /* rows of the warp: BK / 4 */
   const int row = warp * RW + lane % RW + (lane / RW) * RPI;
-  return dec_slot(pt, kt + row, k1, ps, ps_mul, ps_shift);
+  /* rows of the warp: BK / 4 */
+  return dec_locate(pt, kt + row, lane < KVA_DEC_BK(KV8) / 4 ? k1 : INT_MIN, ps, ps_mul, ps_shift);
 }
 
 /* Q rows [row0, row0 + 16 MT) of request r for kv head kvh -> smem (16-bit,
@@ -447,7 +465,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
 
     if (!dyn) { /* this chunk's planned keys, in order */
       /* pipeline prologue: tiles 0 .. STAGES-2, one commit group each */
-      int pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
+      dec_row pre = dec_pre<D, KV8>(pt, k0, k1, ps, ps_mul, ps_shift, tid);
       /* Q, KV and the outputs belong to the kernels before this one (plan
        * data was copied before them): wait for them (PDL launch) */
       kva_griddep_wait();
@@ -455,8 +473,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
 #pragma unroll
       for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) {
-          dec_issue<D, KV8>(s_ring + s * STAGE, s_ring + s * STAGE + TILE, pre, kg, vg, row_bytes,
-                            tid);
+          dec_issue<D, KV8>(s_ring + s * STAGE, s_ring + s * STAGE + TILE,
+                            pre, ps, kg, vg, row_bytes, tid);
           pre = dec_pre<D, KV8>(pt, k0 + (s + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
         }
         kva_cp_async_commit();
@@ -471,7 +489,7 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         const int nx = it + STAGES - 1;
         if (nx < ntiles) {
           const uint32_t st = s_ring + (nx % STAGES) * STAGE;
-          dec_issue<D, KV8>(st, st + TILE, pre, kg, vg, row_bytes, tid);
+          dec_issue<D, KV8>(st, st + TILE, pre, ps, kg, vg, row_bytes, tid);
           pre = dec_pre<D, KV8>(pt, k0 + (nx + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
         }
         kva_cp_async_commit();
@@ -482,7 +500,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
     } else { /* a dedicated chunk: static prologue tiles, then claims */
       /* pipeline prologue: slots 0 .. STAGES-2, one commit group each, this
        * chunk's static tiles first (known before the claim returns) */
-      int pre = nst > 0 ? dec_pre<D, KV8>(pt, k0 + st0 * BK, k1, ps, ps_mul, ps_shift, tid) : -1;
+      dec_row pre = nst > 0 ? dec_pre<D, KV8>(pt, k0 + st0 * BK, k1, ps, ps_mul, ps_shift, tid)
+                          : dec_no_row();
       /* Q, KV, the outputs and the tile counters belong to the kernels before
        * this one (plan data was copied before them): wait for them (PDL) */
       kva_griddep_wait();
@@ -492,8 +511,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
 #pragma unroll
       for (int i = 0; i < STAGES - 1; i++) {
         if (i < nst) {
-          dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE, pre, kg, vg, row_bytes,
-                            tid);
+          dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE,
+                            pre, ps, kg, vg, row_bytes, tid);
           kva_cp_async_commit();
           if (i + 1 < nst && i + 1 < STAGES - 1)
             pre = dec_pre<D, KV8>(pt, k0 + (st0 + i + 1) * BK, k1, ps, ps_mul, ps_shift, tid);
@@ -523,15 +542,15 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         if (i >= (nst < STAGES - 1 ? nst : STAGES - 1)) {
           if (seq[i] >= 0) {
             pre = dec_pre<D, KV8>(pt, k0 + seq[i] * BK, k1, ps, ps_mul, ps_shift, tid);
-            dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE, pre, kg, vg, row_bytes,
-                              tid);
+            dec_issue<D, KV8>(s_ring + i * STAGE, s_ring + i * STAGE + TILE,
+                              pre, ps, kg, vg, row_bytes, tid);
           }
           kva_cp_async_commit();
         }
       }
       pre = seq[STAGES - 1] >= 0
                 ? dec_pre<D, KV8>(pt, k0 + seq[STAGES - 1] * BK, k1, ps, ps_mul, ps_shift, tid)
-                : -1;
+                : dec_no_row();
 
       for (int it = 0; seq[0] >= 0; it++) {
         kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile seq[0] landed */
@@ -543,11 +562,11 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         {
           if (seq[STAGES - 1] >= 0) {
             const uint32_t st = s_ring + ((it + STAGES - 1) % STAGES) * STAGE;
-            dec_issue<D, KV8>(st, st + TILE, pre, kg, vg, row_bytes, tid);
+            dec_issue<D, KV8>(st, st + TILE, pre, ps, kg, vg, row_bytes, tid);
           }
           pre = seq[STAGES] >= 0
                     ? dec_pre<D, KV8>(pt, k0 + seq[STAGES] * BK, k1, ps, ps_mul, ps_shift, tid)
-                    : -1;
+                    : dec_no_row();
           kva_cp_async_commit();
         }
         const uint32_t sk = s_ring + (it % STAGES) * STAGE, sv = sk + TILE;
