@@ -115,6 +115,28 @@ static __device__ __forceinline__ dec_row dec_pre(const int32_t *pt, int kt, int
   return dec_locate(pt, kt + row, lane < KVA_DEC_BK(KV8) / 4 ? k1 : INT_MIN, ps, ps_mul, ps_shift);
 }
 
+/* 16-bit KV: the Q rows of dec_load_q by cp.async (zero-filled past `rows`),
+ * so that no warp waits on the loads at a chunk's start; the caller commits
+ * them as their own group ahead of the chunk's first tile, which the key
+ * loop's first wait then covers. For planned chunks (the static path): at
+ * B=64 L=2k varlen, many short chunks a CTA, the plain loads' stores held
+ * 3.5% of the warps' stall samples (ncu, H200, 2026-11-29). */
+template <int D, int MT>
+static __device__ __forceinline__ void dec_load_q_async(uint32_t s_q, const kva_dec_args &a,
+                                                        int tok0, int kvh, int row0, int rows,
+                                                        int tid) {
+  constexpr int QRS = KVA_DEC_QRS(D), C8 = D / 8; /* 16-byte chunks per row */
+  for (int idx = tid; idx < 16 * MT * C8; idx += KVA_DEC_THREADS) {
+    const int row = idx / C8, c8 = idx % C8, grow = row0 + row;
+    const uint16_t *src = (const uint16_t *)a.q; /* a valid address for the zero fill */
+    if (grow < rows) {
+      const int t = grow / a.group, h = kvh * a.group + grow % a.group;
+      src += ((size_t)(tok0 + t) * a.hq + h) * D + c8 * 8;
+    }
+    kva_cp_async_16(s_q + (uint32_t)(row * QRS + c8 * 16), src, grow < rows ? 16 : 0);
+  }
+}
+
 /* Q rows [row0, row0 + 16 MT) of request r for kv head kvh -> smem (16-bit,
  * stride QRS; zero rows past `rows`). fp8 KV: within each 16-element block
  * the 32-bit words are stored permuted (word P at 4 (P & 1) + (P >> 1)), the
@@ -470,6 +492,10 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
        * data was copied before them): wait for them (PDL launch) */
       kva_griddep_wait();
       if (trace_chunks == 0) KVA_TRACE_STAMP(1, kva_globaltimer());
+      if (!KV8) {
+        dec_load_q_async<D, MT>(s_q, a, tok0, kvh, row0, rows, tid);
+        kva_cp_async_commit();
+      }
 #pragma unroll
       for (int s = 0; s < STAGES - 1; s++) {
         if (s < ntiles) {
@@ -479,9 +505,9 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         }
         kva_cp_async_commit();
       }
-      /* Q after the KV copies are in flight (plain loads; visible to every
-       * warp after the first barrier of the key loop) */
-      dec_load_q<D, QT, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
+      /* fp8 KV: Q (converted) after the KV copies are in flight (plain
+       * loads; visible to every warp after the first barrier of the key loop) */
+      if (KV8) dec_load_q<D, QT, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
       for (int it = 0; it < ntiles; it++) {
         kva_cp_async_wait<STAGES - 2>(); /* this thread's copies of tile it landed */
         __syncthreads();                 /* everyone's did; tile it-1's stage is free */
@@ -519,7 +545,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         }
       }
       /* Q after the KV copies are in flight (plain loads; visible to every
-       * warp after the first barrier of the key loop) */
+       * warp after the first barrier of the key loop). By cp.async, as the
+       * planned chunks load it, B=4 L=32k took 2% more time (H200). */
       dec_load_q<D, QT, KV8, MT>(smem, a, tok0, kvh, row0, rows, tid);
       int seq[STAGES + 1];
 #pragma unroll
