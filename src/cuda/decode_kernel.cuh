@@ -215,11 +215,13 @@ static __device__ void dec_merge_chunks(const kva_dec_args &a, int r, int nsplit
 
 /* One key tile of the ring (K at sk, V at sv; first key kt, keys from k1
  * on masked): S = Q K^T over each warp's KW keys, mask, soft-cap, online
- * softmax (m, l), O += P V. */
-template <int D, int QT, int KV8, int MT>
+ * softmax (m, l), O += P V. MT1: the second m-tile holds rows (MT = 2),
+ * a template argument so that the m-tile loops carry no branches
+ * (dec_tile_any picks the instance). */
+template <int D, int QT, int KV8, int MT, bool MT1>
 static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t s_q, uint32_t sk,
                                                 uint32_t sv, int kt, int k1, int cached, int nt,
-                                                const int (&trow)[MT][2], bool mt1, bool cap,
+                                                const int (&trow)[MT][2], bool cap,
                                                 int swz, int lane, int warp,
                                                 float (&o)[MT][D / 8][4], float (&m)[MT][2],
                                                 float (&l)[MT][2]) {
@@ -258,7 +260,7 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
     }
 #pragma unroll
     for (int mi = 0; mi < MT; mi++) {
-      if (mi > 0 && !mt1) continue;
+      if (mi > 0 && !MT1) continue;
       uint32_t qa[4];
       kva_ldmatrix_x4(qa, s_q + (16 * mi + ((lane >> 3) & 1) * 8 + (lane & 7)) * QRS +
                               (16 * c + (lane >> 4) * 8) * 2);
@@ -291,7 +293,7 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
   /* ---- online softmax per row (rows g and g + 8 of each m-tile) ---- */
 #pragma unroll
   for (int mi = 0; mi < MT; mi++) {
-    if (mi > 0 && !mt1) continue;
+    if (mi > 0 && !MT1) continue;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
       float mx = -INFINITY;
@@ -357,7 +359,7 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
           const int nb = 2 * (2 * b2 + blk); /* even n-tile: dims 2n, odd: 2n + 1 */
 #pragma unroll
           for (int mi = 0; mi < MT; mi++) {
-            if (mi > 0 && !mt1) continue;
+            if (mi > 0 && !MT1) continue;
             kva_mma_f16(o[mi][nb], pa[mi], e0, e1);
             kva_mma_f16(o[mi][nb + 1], pa[mi], d0, d1);
           }
@@ -370,13 +372,30 @@ static __device__ __forceinline__ void dec_tile(const kva_dec_args &a, uint32_t 
         kva_ldmatrix_x4_trans(vr, vrow + (16 * b + (lane >> 4) * 8) * 2);
 #pragma unroll
         for (int mi = 0; mi < MT; mi++) {
-          if (mi > 0 && !mt1) continue;
+          if (mi > 0 && !MT1) continue;
           dec_mma<QT>(o[mi][2 * b], pa[mi], vr[0], vr[1]);
           dec_mma<QT>(o[mi][2 * b + 1], pa[mi], vr[2], vr[3]);
         }
       }
     }
   }
+}
+
+/* dec_tile's instance for the batch's rows: the second m-tile's work only
+ * where it holds rows (mt1). */
+template <int D, int QT, int KV8, int MT>
+static __device__ __forceinline__ void dec_tile_any(const kva_dec_args &a, uint32_t s_q,
+                                                    uint32_t sk, uint32_t sv, int kt, int k1,
+                                                    int cached, int nt, const int (&trow)[MT][2],
+                                                    bool mt1, bool cap, int swz, int lane,
+                                                    int warp, float (&o)[MT][D / 8][4],
+                                                    float (&m)[MT][2], float (&l)[MT][2]) {
+  if (MT > 1 && mt1)
+    dec_tile<D, QT, KV8, MT, true>(a, s_q, sk, sv, kt, k1, cached, nt, trow, cap, swz, lane, warp,
+                                   o, m, l);
+  else
+    dec_tile<D, QT, KV8, MT, false>(a, s_q, sk, sv, kt, k1, cached, nt, trow, cap, swz, lane,
+                                    warp, o, m, l);
 }
 
 template <int D, int QT, int KV8, int MT>
@@ -520,8 +539,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
         }
         kva_cp_async_commit();
         const uint32_t sk = s_ring + (it % STAGES) * STAGE;
-        dec_tile<D, QT, KV8, MT>(a, s_q, sk, sk + TILE, k0 + it * BK, k1, cached, nt, trow, mt1,
-                                 cap, swz, lane, warp, o, m, l);
+        dec_tile_any<D, QT, KV8, MT>(a, s_q, sk, sk + TILE, k0 + it * BK, k1, cached, nt, trow,
+                                     mt1, cap, swz, lane, warp, o, m, l);
       }
     } else { /* a dedicated chunk: static prologue tiles, then claims */
       /* pipeline prologue: slots 0 .. STAGES-2, one commit group each, this
@@ -597,8 +616,8 @@ __global__ void __launch_bounds__(KVA_DEC_THREADS, KVA_DEC_CTAS_PER_SM(D, KV8, M
           kva_cp_async_commit();
         }
         const uint32_t sk = s_ring + (it % STAGES) * STAGE, sv = sk + TILE;
-        dec_tile<D, QT, KV8, MT>(a, s_q, sk, sv, k0 + seq[0] * BK, k1, cached, nt, trow, mt1, cap,
-                                 swz, lane, warp, o, m, l);
+        dec_tile_any<D, QT, KV8, MT>(a, s_q, sk, sv, k0 + seq[0] * BK, k1, cached, nt, trow, mt1,
+                                     cap, swz, lane, warp, o, m, l);
         /* the claim for slot STAGES + 1 (its latency hidden behind this tile) */
         if (tid == 0) {
           const int t = dbase + claim;
