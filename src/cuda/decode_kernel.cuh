@@ -115,6 +115,16 @@ static __device__ __forceinline__ dec_row dec_pre(const int32_t *pt, int kt, int
   return dec_locate(pt, kt + row, lane < KVA_DEC_BK(KV8) / 4 ? k1 : INT_MIN, ps, ps_mul, ps_shift);
 }
 
+/* 16-byte chunk c8 of Q's row for tile row grow (token grow / group, head
+ * kvh x group + grow % group of the request whose first token is tok0):
+ * dec_load_q(_async). */
+template <int D>
+static __device__ __forceinline__ const uint16_t *dec_q_chunk(const kva_dec_args &a, int tok0,
+                                                              int kvh, int grow, int c8) {
+  const int t = grow / a.group, h = kvh * a.group + grow % a.group;
+  return (const uint16_t *)a.q + ((size_t)(tok0 + t) * a.hq + h) * D + c8 * 8;
+}
+
 /* 16-bit KV: the Q rows of dec_load_q by cp.async (zero-filled past `rows`),
  * so that no warp waits on the loads at a chunk's start; the caller commits
  * them as their own group ahead of the chunk's first tile, which the key
@@ -129,10 +139,7 @@ static __device__ __forceinline__ void dec_load_q_async(uint32_t s_q, const kva_
   for (int idx = tid; idx < 16 * MT * C8; idx += KVA_DEC_THREADS) {
     const int row = idx / C8, c8 = idx % C8, grow = row0 + row;
     const uint16_t *src = (const uint16_t *)a.q; /* a valid address for the zero fill */
-    if (grow < rows) {
-      const int t = grow / a.group, h = kvh * a.group + grow % a.group;
-      src += ((size_t)(tok0 + t) * a.hq + h) * D + c8 * 8;
-    }
+    if (grow < rows) src = dec_q_chunk<D>(a, tok0, kvh, grow, c8);
     kva_cp_async_16(s_q + (uint32_t)(row * QRS + c8 * 16), src, grow < rows ? 16 : 0);
   }
 }
@@ -150,10 +157,7 @@ static __device__ __forceinline__ void dec_load_q(unsigned char *sq, const kva_d
   for (int idx = tid; idx < 16 * MT * C8; idx += KVA_DEC_THREADS) {
     const int row = idx / C8, c8 = idx % C8, grow = row0 + row;
     uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (grow < rows) {
-      const int t = grow / a.group, h = kvh * a.group + grow % a.group;
-      x = *(const uint4 *)((const uint16_t *)a.q + ((size_t)(tok0 + t) * a.hq + h) * D + c8 * 8);
-    }
+    if (grow < rows) x = *(const uint4 *)dec_q_chunk<D>(a, tok0, kvh, grow, c8);
     unsigned char *dst = sq + row * QRS;
     if (KV8) {
       if (QT != KVA_F16)
